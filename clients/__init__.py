@@ -1,0 +1,17 @@
+"""Unipad ASR clients: an asyncio library (`connect`), file and microphone scripts, and the browser page
+in `static/` that the server serves at `/`."""
+from __future__ import annotations
+
+from .client import (
+    DEFAULT_URL,
+    Client,
+    ClientError,
+    ConnectError,
+    ServerError,
+    Stream,
+    StreamClosedError,
+    connect,
+)
+
+__all__ = ["DEFAULT_URL", "Client", "ClientError", "ConnectError", "ServerError", "Stream", "StreamClosedError",
+           "connect"]

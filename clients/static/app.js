@@ -1,0 +1,247 @@
+// The Unipad page: microphone -> AudioWorklet (resampled to 16 kHz s16le, worklet.js) -> WebSocket ->
+// partials replaced in place, finals appended with their times. Wire messages: server/protocol.py.
+"use strict";
+
+// server/protocol.py STREAM_PATH, resolved against the page so a reverse proxy's path prefix still works.
+const STREAM_PATH = "v1/stream";
+const TARGET_RATE = 16000; // the worklet's output rate (pipeline/audio.py SAMPLE_RATE)
+const MAX_PENDING_FRAMES = 50; // 5 s of audio kept while waiting for `ready`
+const STOP_TIMEOUT_MS = 60000; // the last final of a 30 s segment on a slow CPU
+const CLOSE_REASONS = {
+  1001: "the server is shutting down",
+  1003: "unsupported audio",
+  1006: "the connection was lost",
+  1007: "invalid data",
+  1008: "refused by policy (token, origin or protocol)",
+  1009: "message too big",
+  1011: "server error",
+  1013: "the server is overloaded; try again later",
+};
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  form: $("controls"), start: $("start"), stop: $("stop"), token: $("token"), language: $("language"),
+  itn: $("itn"), state: $("state"), level: $("level"), levelBar: $("level-bar"), errors: $("errors"),
+  finals: $("finals"), partial: $("partial"), empty: $("empty"), session: $("session"),
+};
+
+let current = null; // the running session: {ws, media, context, node, ready, done, pending, stopTimer}
+
+function streamUrl(token) {
+  const override = new URLSearchParams(location.search).get("server"); // ?server=wss://host/v1/stream
+  const url = new URL(override || STREAM_PATH, document.baseURI);
+  if (url.protocol === "https:") url.protocol = "wss:";
+  if (url.protocol === "http:") url.protocol = "ws:";
+  if (token) url.searchParams.set("token", token);
+  return url.href;
+}
+
+function setState(state, text) {
+  ui.state.dataset.state = state;
+  ui.state.textContent = text;
+  const busy = state === "connecting" || state === "listening" || state === "stopping";
+  ui.start.disabled = busy;
+  ui.stop.disabled = !(state === "connecting" || state === "listening");
+  for (const el of [ui.token, ui.language, ui.itn]) el.disabled = busy;
+}
+
+function showError(text) {
+  const item = document.createElement("p");
+  item.className = "error";
+  item.textContent = text;
+  ui.errors.append(item);
+}
+
+function formatTime(seconds) {
+  const minutes = Math.floor(seconds / 60);
+  const rest = (seconds - minutes * 60).toFixed(1).padStart(4, "0");
+  return `${minutes}:${rest}`;
+}
+
+function setLevel(rms) {
+  // -60 dBFS .. 0 dBFS onto 0 .. 100
+  const db = 20 * Math.log10(Math.max(rms, 1e-6));
+  const value = Math.round(Math.max(0, Math.min(100, ((db + 60) / 60) * 100)));
+  ui.levelBar.style.width = `${value}%`;
+  ui.level.setAttribute("aria-valuenow", String(value));
+  ui.level.setAttribute("aria-valuetext", rms > 0 ? `${Math.round(db)} dB` : "silent");
+}
+
+function onServerMessage(session, text) {
+  let msg;
+  try {
+    msg = JSON.parse(text);
+  } catch (err) {
+    showError(`Bad message from the server: ${String(text).slice(0, 200)}`);
+    return;
+  }
+  switch (msg.type) {
+    case "ready":
+      session.ready = true;
+      setState("listening", "Listening");
+      ui.session.textContent = `Session ${msg.session} · model ${msg.model} · ${msg.provider}`;
+      for (const pcm of session.pending) session.ws.send(pcm);
+      session.pending = [];
+      if (session.stopRequested) sendStop(session);
+      break;
+    case "partial":
+      ui.partial.textContent = msg.text;
+      ui.partial.dataset.segment = msg.segment;
+      ui.empty.hidden = true;
+      break;
+    case "final": {
+      if (Number(ui.partial.dataset.segment) <= msg.segment) {
+        ui.partial.textContent = "";
+        delete ui.partial.dataset.segment;
+      }
+      if (!msg.text) break; // a segment that held no words
+      const item = document.createElement("li");
+      item.dataset.segment = msg.segment;
+      const time = document.createElement("span");
+      time.className = "time";
+      time.textContent = `${formatTime(msg.start)}–${formatTime(msg.end)}`;
+      const words = document.createElement("span");
+      words.className = "text";
+      words.textContent = msg.text;
+      item.append(time, words);
+      ui.finals.append(item);
+      ui.empty.hidden = true;
+      item.scrollIntoView({ block: "nearest" });
+      break;
+    }
+    case "error":
+      showError(`Server error ${msg.code}: ${msg.message}` + (msg.segment != null ? ` (segment ${msg.segment})` : ""));
+      break;
+    case "done":
+      session.done = true;
+      session.ws.close(1000);
+      break;
+    default:
+      break; // a message type this page does not know
+  }
+}
+
+function releaseAudio(session) {
+  if (session.media) for (const track of session.media.getTracks()) track.stop();
+  if (session.context && session.context.state !== "closed") session.context.close();
+  session.media = session.context = session.node = null;
+  setLevel(0);
+}
+
+function sendStop(session) {
+  if (session.stopSent || session.ws.readyState !== WebSocket.OPEN) return;
+  session.stopSent = true;
+  session.ws.send(JSON.stringify({ type: "stop" }));
+  session.stopTimer = setTimeout(() => {
+    showError("No answer from the server after stop; closing.");
+    session.ws.close(1000);
+  }, STOP_TIMEOUT_MS);
+}
+
+function onAudioFrame(session, data) {
+  if (data.rms !== undefined) setLevel(data.rms);
+  if (session.stopRequested && !data.last) return; // frames after Stop are not sent
+  const pcm = data.pcm;
+  if (pcm && pcm.byteLength > 0) {
+    if (session.ready && session.ws.readyState === WebSocket.OPEN) session.ws.send(pcm);
+    else if (session.pending.length < MAX_PENDING_FRAMES) session.pending.push(pcm);
+  }
+  if (data.last) {
+    releaseAudio(session);
+    if (session.ready) sendStop(session);
+  }
+}
+
+async function startAudio(session) {
+  session.media = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: true },
+  });
+  session.context = new AudioContext();
+  await session.context.audioWorklet.addModule("static/worklet.js");
+  const source = session.context.createMediaStreamSource(session.media);
+  session.node = new AudioWorkletNode(session.context, "unipad-capture", {
+    numberOfInputs: 1, numberOfOutputs: 1, channelCount: 1, channelCountMode: "explicit",
+  });
+  session.node.port.onmessage = (event) => onAudioFrame(session, event.data);
+  // A silent path to the destination keeps the graph pulling the worklet in every browser.
+  const mute = session.context.createGain();
+  mute.gain.value = 0;
+  source.connect(session.node).connect(mute).connect(session.context.destination);
+  if (session.context.state === "suspended") await session.context.resume();
+}
+
+async function start() {
+  ui.errors.replaceChildren();
+  setState("connecting", "Connecting…");
+  const token = ui.token.value.trim();
+  const url = streamUrl(token);
+  const session = { ws: null, ready: false, done: false, opened: false, pending: [], stopRequested: false,
+                    stopSent: false, stopTimer: null, media: null, context: null, node: null };
+  current = session;
+  try {
+    await startAudio(session);
+  } catch (err) {
+    releaseAudio(session);
+    showError(`Microphone unavailable: ${err.name ? `${err.name}: ` : ""}${err.message}`);
+    setState("error", "Microphone unavailable");
+    current = null;
+    return;
+  }
+  if (session.stopRequested) { // Stop pressed while the microphone was opening
+    releaseAudio(session);
+    setState("idle", "Idle");
+    current = null;
+    return;
+  }
+  const ws = new WebSocket(url);
+  ws.binaryType = "arraybuffer";
+  session.ws = ws;
+  ws.onopen = () => {
+    session.opened = true;
+    const startMessage = { type: "start", sample_rate: TARGET_RATE, format: "s16le", channels: 1,
+                           language: ui.language.value, itn: ui.itn.checked, partials: true };
+    if (token) startMessage.token = token;
+    ws.send(JSON.stringify(startMessage));
+  };
+  ws.onmessage = (event) => {
+    if (typeof event.data === "string") onServerMessage(session, event.data);
+  };
+  ws.onclose = (event) => onClose(session, event, url);
+}
+
+function onClose(session, event, url) {
+  clearTimeout(session.stopTimer);
+  releaseAudio(session);
+  const clean = session.done && (event.code === 1000 || event.code === 1005);
+  if (!clean) {
+    const known = CLOSE_REASONS[event.code];
+    const reason = event.reason || known || "";
+    const where = url.replace(/([?&])token=[^&]*/, "$1token=…");
+    const text = session.opened
+      ? `Connection closed (code ${event.code}${reason ? `: ${reason}` : ""})`
+      : `Could not connect to ${where} (code ${event.code}; server down, wrong address, or token refused)`;
+    showError(text);
+  }
+  if (current === session) current = null;
+  setState(clean ? "idle" : "error", clean ? "Idle" : "Disconnected");
+}
+
+function stop() {
+  const session = current;
+  if (!session || session.stopRequested) return;
+  session.stopRequested = true;
+  setState("stopping", "Finishing…");
+  if (!session.ws) return; // the microphone is still opening: start() sees stopRequested
+  if (session.node) session.node.port.postMessage("flush"); // answered by a frame with `last: true`
+  else if (session.ready) sendStop(session);
+}
+
+ui.form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  start();
+});
+ui.stop.addEventListener("click", stop);
+setState("idle", "Idle");
+setLevel(0);
+
+window.unipad = { streamUrl, formatTime }; // for the tests and the console

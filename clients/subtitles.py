@@ -1,0 +1,92 @@
+"""SubRip (.srt) and WebVTT (.vtt) cues from finals.
+
+One cue per final; a final longer than `MAX_CUE_SECONDS` or `MAX_CUE_CHARS` is split at word boundaries
+using its token times, when the tokens spell out the final's text (after ITN they may not; then the final
+stays one cue). Times are seconds from the stream start.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from server.protocol import Final, TokenTime
+
+MAX_CUE_SECONDS = 7.0  # a reading-speed rule of thumb for subtitles
+MAX_CUE_CHARS = 84  # two lines of 42 characters
+WORD_MARKS = ("\u2581", " ")  # SentencePiece's word-start mark, or a plain space
+VTT_HEADER = "WEBVTT\n\n"
+
+
+@dataclass(frozen=True)
+class Cue:
+    start: float  # seconds
+    end: float  # seconds
+    text: str
+
+
+def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:
+    """HH:MM:SS,mmm (SRT) or, with decimal_marker='.', HH:MM:SS.mmm (WebVTT)."""
+    milliseconds = max(0, int(round(seconds * 1000)))
+    hours, milliseconds = divmod(milliseconds, 3_600_000)
+    minutes, milliseconds = divmod(milliseconds, 60_000)
+    secs, milliseconds = divmod(milliseconds, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{milliseconds:03d}"
+
+
+def _words(tokens: list[TokenTime]) -> list[TokenTime]:
+    """Merge sub-word tokens into words (a token that starts with a word mark starts a new word)."""
+    words: list[TokenTime] = []
+    for token in tokens:
+        if words and not token.text.startswith(WORD_MARKS):
+            last = words[-1]
+            words[-1] = TokenTime(last.text + token.text, last.start, token.end)
+        else:
+            words.append(TokenTime(token.text, token.start, token.end))
+    return [TokenTime(w.text.replace(WORD_MARKS[0], " ").strip(), w.start, w.end) for w in words]
+
+
+def cues_for_final(final: Final, max_seconds: float = MAX_CUE_SECONDS, max_chars: int = MAX_CUE_CHARS) -> list[Cue]:
+    """The cues for one final: none for an empty text, usually one, several for a long final."""
+    text = " ".join(final.text.split())
+    if not text:
+        return []
+    whole = [Cue(final.start, max(final.end, final.start + 0.001), text)]
+    if final.end - final.start <= max_seconds and len(text) <= max_chars:
+        return whole
+    words = [w for w in _words(final.tokens) if w.text]
+    if not words or " ".join(w.text for w in words).replace(" ", "") != text.replace(" ", ""):
+        return whole  # tokens do not spell the text (ITN, punctuation): keep one cue
+    cues: list[Cue] = []
+    group: list[TokenTime] = []
+    for word in words:
+        candidate = group + [word]
+        too_long = len(" ".join(w.text for w in candidate)) > max_chars
+        if group and (too_long or word.end - group[0].start > max_seconds):
+            cues.append(Cue(group[0].start, group[-1].end, " ".join(w.text for w in group)))
+            candidate = [word]
+        group = candidate
+    cues.append(Cue(group[0].start, group[-1].end, " ".join(w.text for w in group)))
+    # Cover the final's span: the first cue from its start, the last to its end, no gaps that flicker.
+    cues[0] = Cue(min(final.start, cues[0].start), cues[0].end, cues[0].text)
+    cues[-1] = Cue(cues[-1].start, max(final.end, cues[-1].end), cues[-1].text)
+    return [Cue(c.start, max(c.end, c.start + 0.001), c.text) for c in cues]
+
+
+def srt_cue(index: int, cue: Cue) -> str:
+    """One SubRip block (1-based index), ending with the blank separator line."""
+    return f"{index}\n{format_timestamp(cue.start)} --> {format_timestamp(cue.end)}\n{cue.text}\n\n"
+
+
+def vtt_cue(cue: Cue) -> str:
+    """One WebVTT cue, ending with the blank separator line (write VTT_HEADER first)."""
+    text = cue.text.replace("-->", "->")  # '-->' may not appear in a cue's text
+    return f"{format_timestamp(cue.start, '.')} --> {format_timestamp(cue.end, '.')}\n{text}\n\n"
+
+
+def to_srt(finals: Iterable[Final]) -> str:
+    cues = [cue for final in finals for cue in cues_for_final(final)]
+    return "".join(srt_cue(i, cue) for i, cue in enumerate(cues, start=1))
+
+
+def to_vtt(finals: Iterable[Final]) -> str:
+    return VTT_HEADER + "".join(vtt_cue(cue) for final in finals for cue in cues_for_final(final))

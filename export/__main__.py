@@ -1,0 +1,52 @@
+"""`python -m export {sensevoice,verify,train-demo,eval} ...`"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+COMMANDS = {
+    "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
+    "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
+    "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
+    "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m export", description="Export, verify, train and evaluate models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # import only the command that runs: --help stays instant
+            module = importlib.import_module(module_name)
+            module.add_arguments(command)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("export", "models", "pipeline"):
+        logging.getLogger(name).setLevel(logging.INFO)
+    try:
+        return module.run(args)
+    except ModuleNotFoundError as exc:
+        print(f"error: {exc.name} is not installed (pip install -e '.[export]')", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001  (ONNX Runtime's errors have no common base)
+        if os.environ.get("UNIPAD_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (set UNIPAD_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

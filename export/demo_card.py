@@ -1,0 +1,78 @@
+"""The demo model's card (models/demo/README.md), written from the manifest and the measured results."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import synth
+
+
+def write_model_card(path: Path, manifest, tokens: list[str], results, history: list[dict]) -> None:
+    """Markdown: what the model recognises, how it was made, its held-out WER, and what it is not."""
+    source = manifest.source
+    training = source.get("training", {})
+    dims = manifest.dimensions
+    rows = "\n".join(
+        f"| {r.precision} | {r.wer:.2%} ({r.word_errors}/{r.words}) | {r.sentence_accuracy:.2%} | {r.utterances} |"
+        for r in results
+    )
+    mistakes = "\n".join(f"- `{ref}` -> `{hyp}`" for ref, hyp in results[0].examples[:8]) or "- none"
+    curve = ", ".join(f"{h['heldout_wer']:.1%} at step {h['step']}" for h in history) or "not recorded"
+    phrases = ", ".join(f'"{p}"' for p in synth.PHRASES)
+    text = f"""# Unipad demo model: English digits and commands (synthetic speech)
+
+**A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng
+speech, so it shows that the whole server works (audio in, text and tags out) without downloading
+anything; on a real microphone it will mostly produce wrong or empty text. For real speech, export and
+serve the released SenseVoiceSmall instead:
+
+```
+python -m export sensevoice --checkpoint /path/to/SenseVoiceSmall --out models/sensevoice-small
+unipad --model models/sensevoice-small
+```
+
+## What it recognises
+{len(synth.VOCABULARY)} English words, each one token (`▁word`, written the SentencePiece way), in any
+order, 1-{synth.Recipe().max_words} words per utterance:
+- digits: {", ".join(synth.DIGITS)}
+- commands: {", ".join(synth.COMMANDS)}
+- short phrases: {phrases}
+
+Like SenseVoiceSmall it first emits four tags, `<|en|><|NEUTRAL|><|Speech|><|woitn|>` (`<|withitn|>`
+when ITN is requested; it has no ITN, the words are the same), so decoding follows the real model's path.
+Vocabulary: {len(tokens)} tokens (`tokens.txt`: blank, the words, the tags).
+
+## Measured accuracy (held-out)
+{source.get("heldout", {}) and "Through `pipeline.engine.Engine` (CPU, container padding), language auto:"}
+
+| precision | WER | sentence accuracy | utterances |
+|---|---|---|---|
+{rows}
+
+The held-out set uses espeak-ng voice variants never heard in training
+({", ".join(synth.HELDOUT_VARIANTS)}, with every accent) and word sequences absent from the training
+texts, with the training augmentation. Greedy WER on 300 other held-out utterances during training
+(torch): {curve}.
+
+First mistakes (fp32):
+{mistakes}
+
+Re-measure: `python -m export eval models/demo` (needs espeak-ng) or
+`python -m export eval models/demo --data tests/fixtures/demo`.
+
+## How it was made
+`{source.get("command", "python -m export train-demo")}` (seed {source.get("seed")}), in about
+{source.get("total_minutes", "?")} minutes on 2 CPU cores (data {training.get("data_seconds", "?")} s,
+training {training.get("train_seconds", "?")} s, {training.get("steps", "?")} steps).
+- Data: {source.get("utterances")} utterances from espeak-ng, {len(synth.VOICE_BASES)} English accents
+  ({", ".join(synth.VOICE_BASES)}) x {len(synth.TRAIN_VARIANTS)} voice variants, random speaking rate,
+  pitch and word gap; speed perturbation, spectral tilt, gain, leading/trailing silence, white noise
+  (15-40 dB SNR on 60 % of utterances); mel-axis warping and small frequency/time masks while training.
+  The full recipe is in `manifest.json` (`source`).
+- Model: the project's SenseVoice definition (SAN-M encoder, in-graph fbank + LFR + CMVN),
+  d={dims.get("output_size")}, {dims.get("attention_heads")} heads, FFN {dims.get("linear_units")},
+  {dims.get("num_blocks")} + {dims.get("tp_blocks")} layers; CMVN (`am.mvn` equivalent) from the training
+  features; CTC on the 4 tags + word tokens; AdamW, warmup and cosine decay.
+- Exported with the normal export path (`export/onnx_export.py`): `model.onnx` (fp32) and
+  `model.int8.onnx` (dynamic int8 MatMul).
+"""
+    path.write_text(text, encoding="utf-8")

@@ -1,0 +1,160 @@
+"""`python -m export eval DIR`: word error rate and sentence accuracy through the serving engine.
+
+The audio goes through pipeline.engine.Engine exactly as the server runs it: padded into the CPU
+container ladder, one warmed session per container, greedy CTC decoding with tags. The held-out set is
+either a directory (`--data`: WAV files and a `transcripts.json` listing {"audio": "x.wav", "text": "..."})
+or, by default, synthesised with espeak-ng: voices with variants never used in training
+(synth.HELDOUT_VARIANTS) saying word sequences that are not among the training texts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.audio import SAMPLE_RATE
+
+TRANSCRIPTS_FILE = "transcripts.json"
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    name: str
+    audio: np.ndarray  # float32 [N] at SAMPLE_RATE
+    text: str
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    precision: str
+    utterances: int
+    words: int
+    word_errors: int
+    wer: float
+    sentence_accuracy: float
+    examples: tuple[tuple[str, str], ...]  # (reference, hypothesis) of the first mistakes
+
+
+def normalize(text: str) -> list[str]:
+    return [w.strip(".,!?;:").lower() for w in text.split() if w.strip(".,!?;:")]
+
+
+def word_errors(reference: str, hypothesis: str) -> int:
+    """Levenshtein distance between the word sequences (substitutions + deletions + insertions)."""
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        previous, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
+    return row[-1]
+
+
+def load_eval_dir(directory: str | Path) -> list[EvalItem]:
+    """Read DIR/transcripts.json and its WAV files (16 kHz mono); ValueError naming what is wrong."""
+    import soundfile
+
+    directory = Path(directory)
+    listing = directory / TRANSCRIPTS_FILE
+    if not listing.is_file():
+        raise ValueError(f"eval set {directory}: no {TRANSCRIPTS_FILE}")
+    try:
+        entries = json.loads(listing.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{listing}: not JSON ({exc})") from None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"eval set {directory} is empty ({TRANSCRIPTS_FILE} lists no utterances)")
+    items = []
+    for entry in entries:
+        path = directory / entry["audio"]
+        audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        if rate != SAMPLE_RATE:
+            raise ValueError(f"{path}: {rate} Hz, expected {SAMPLE_RATE}")
+        items.append(EvalItem(entry["audio"], audio.mean(axis=1), entry["text"]))
+    return items
+
+
+def _render(u) -> np.ndarray:
+    from . import synth
+
+    return synth.render(u)
+
+
+def synth_eval_set(count: int, seed: int, train_seed: int, train_count: int, workers: int = 2) -> list[EvalItem]:
+    """`count` held-out utterances: held-out variants, texts absent from the training recipe's texts."""
+    from tqdm import tqdm
+
+    from . import synth
+
+    synth.require_espeak()
+    seen = frozenset(u.text for u in synth.sample_utterances(train_count, train_seed))
+    utterances = synth.sample_utterances(count, seed, heldout=True, exclude=seen)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        audio = list(tqdm(pool.imap(_render, utterances, chunksize=16), total=count, desc="held-out set", disable=None))
+    return [EvalItem(f"{i:05d} {u.voice}", a, u.text) for i, (u, a) in enumerate(zip(utterances, audio))]
+
+
+def evaluate(model_dir: str | Path, items: list[EvalItem], precision: str, threads: int = 0,
+             containers: tuple[float, ...] | None = None) -> EvalResult:
+    """Transcribe every item with the serving engine on CPU; language auto, no ITN."""
+    from tqdm import tqdm
+
+    from pipeline.engine import Engine, EngineOptions
+
+    engine = Engine(model_dir, EngineOptions(device="cpu", precision=precision, threads=threads,
+                                             containers=containers)).load()
+    errors = words = correct = 0
+    examples = []
+    for item in tqdm(items, desc=f"eval {precision}", unit="utt", disable=None):
+        hypothesis = engine.transcribe(item.audio).text
+        e = word_errors(item.text, hypothesis)
+        errors += e
+        words += len(normalize(item.text))
+        correct += e == 0
+        if e and len(examples) < 20:
+            examples.append((item.text, hypothesis))
+    return EvalResult(precision, len(items), words, errors, errors / max(1, words), correct / max(1, len(items)),
+                      tuple(examples))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", type=Path, help="model directory (manifest.json, tokens.txt, *.onnx)")
+    parser.add_argument("--data", type=Path, help=f"eval set directory (WAVs + {TRANSCRIPTS_FILE}); "
+                        "default: synthesise held-out voices and phrases with espeak-ng")
+    parser.add_argument("--utterances", type=int, default=500, help="size of the synthesised set (default 500)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the synthesised set (default: the training seed)")
+    parser.add_argument("--precision", action="append", choices=("fp32", "int8", "fp16"),
+                        help="precision(s) to evaluate (default: every exported one except fp16)")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: its default)")
+    parser.add_argument("--json", type=Path, help="also write the results here as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.modeldir import read_model_directory
+
+    model = read_model_directory(args.model_dir)  # ModelLoadError (an OSError? no: UnipadError) below
+    source = model.manifest.source
+    if args.data is not None:
+        if not args.data.is_dir():
+            raise ValueError(f"eval set {args.data} does not exist")
+        items = load_eval_dir(args.data)
+    else:
+        if args.utterances < 1:
+            raise ValueError("--utterances must be at least 1")
+        train_seed = int(source.get("seed", 0))
+        seed = train_seed if args.seed is None else args.seed
+        items = synth_eval_set(args.utterances, seed, train_seed, int(source.get("utterances", 0)))
+    precisions = args.precision or [p for p in model.manifest.files if p != "fp16"]
+    results = [evaluate(args.model_dir, items, p, args.threads) for p in precisions]
+    for r in results:
+        print(f"{r.precision}: WER {r.wer:.2%} ({r.word_errors}/{r.words} words), "
+              f"sentence accuracy {r.sentence_accuracy:.2%} ({r.utterances} utterances)")
+        for ref, hyp in r.examples[:5]:
+            print(f"    {ref!r} -> {hyp!r}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n", encoding="utf-8")
+    return 0

@@ -1,0 +1,182 @@
+"""PyTorch -> ONNX, precisions, graph checks and the atomic write of a model directory."""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.modeldir import FREE_DIMENSIONS, INPUT_NAMES, ONNX_FILES, OUTPUT_NAMES, PRECISIONS, ModelManifest, write_model_directory
+
+log = logging.getLogger(__name__)
+
+OPSET = 18  # DirectML runs opset <= 20; 18 is the newest the exporter and every DML build agree on
+EXPORT_SAMPLES = 5 * SAMPLE_RATE  # example length for tracing; the samples axis stays free
+MAX_EXPORT_SAMPLES = 600 * SAMPLE_RATE
+# Operators that defeat fixed-shape serving: control flow, value-dependent shapes, recurrent kernels.
+FORBIDDEN_OPS = frozenset({"Loop", "If", "Scan", "NonZero", "LSTM", "GRU", "RNN", "Unique", "NonMaxSuppression"})
+
+
+def export_onnx(model, path: Path, opset: int = OPSET) -> None:
+    """Export `models.sensevoice.SenseVoice` with free `batch` and `samples` dimensions to one .onnx file."""
+    import torch
+
+    batch = torch.export.Dim(FREE_DIMENSIONS[0], min=1, max=64)
+    samples = torch.export.Dim(FREE_DIMENSIONS[1], min=2 * SAMPLE_RATE // 10, max=MAX_EXPORT_SAMPLES)
+    example = (
+        torch.zeros(1, EXPORT_SAMPLES),
+        torch.full((1,), EXPORT_SAMPLES, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        torch.full((1,), 15, dtype=torch.int32),
+    )
+    dynamic = {"audio": {0: batch, 1: samples}, "audio_lengths": {0: batch}, "language": {0: batch}, "textnorm": {0: batch}}
+    model = model.eval()
+    with torch.no_grad():
+        program = torch.onnx.export(
+            model, example, input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
+            dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False, verbose=False,
+        )
+    program.save(str(path), external_data=_needs_external_data(model))
+
+
+def _needs_external_data(model) -> bool:
+    return sum(p.numel() * p.element_size() for p in model.state_dict().values()) > 1_800_000_000
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 (QInt8 weights) of MatMul/Gemm only: the CPU precision. Conv stays float (the
+    frontend's and FSMN's convolutions would become ConvInteger, which lacks CPU kernels)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"], weight_type=QuantType.QInt8,
+        per_channel=False, extra_options={"MatMulConstBOnly": True},
+    )
+
+
+def op_histogram(path: Path) -> dict[str, int]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
+
+
+def forbidden_ops(histogram: dict[str, int]) -> list[str]:
+    return sorted(op for op in histogram if op in FORBIDDEN_OPS)
+
+
+def non_static_shapes(path: Path, samples: int) -> list[str]:
+    """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed.
+
+    ONNX Runtime applies the free-dimension overrides and folds the shape arithmetic exactly as a
+    serving session does; ONNX shape inference over that optimised graph then finds what is left.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        optimized = Path(tmp) / "optimized.onnx"
+        options = ort.SessionOptions()
+        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], 1)
+        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(optimized)
+        if _has_external_data(path):
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        model = onnx.load(str(optimized), load_external_data=False)
+        del model.graph.value_info[:]
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    problems = []
+    for info in list(inferred.graph.value_info) + list(inferred.graph.output):
+        tensor_type = info.type.tensor_type
+        dims = tensor_type.shape.dim
+        if not tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            problems.append(f"{info.name} {[d.dim_param or d.dim_value for d in dims]}")
+    return problems
+
+
+def _has_external_data(path: Path) -> bool:
+    return any(p.name.startswith(path.name) and p.suffix == ".data" for p in path.parent.iterdir())
+
+
+def write_model_dir(
+    model, tokens: list[str], out: Path, manifest: ModelManifest, precisions: tuple[str, ...], overwrite: bool = False
+) -> Path:
+    """Export `model` in each precision into `out`, atomically: built in a temporary sibling directory,
+    renamed into place at the end, so a failure or interruption leaves no half-written directory."""
+    from tqdm import tqdm
+
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        raise ValueError(f"unknown precision {unknown[0]!r} (choose from {', '.join(PRECISIONS)})")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        steps = ["fp32"] + [p for p in precisions if p != "fp32"]
+        with tqdm(total=len(steps), desc=f"export {out.name}", unit="graph", disable=None) as progress:
+            for precision in steps:
+                progress.set_postfix_str(precision)
+                target = tmp / ONNX_FILES[precision]
+                if precision == "fp32":
+                    export_onnx(model, target, manifest.opset)
+                elif precision == "int8":
+                    quantize_int8(tmp / ONNX_FILES["fp32"], target)
+                else:
+                    # Exported from PyTorch rather than converted: the converters' fp16 passes would have
+                    # to keep the frontend float32 (power spectra reach 1e13, past fp16's 65504).
+                    export_onnx(copy.deepcopy(model).half_encoder(), target, manifest.opset)
+                progress.update()
+        if "fp32" not in precisions:
+            (tmp / ONNX_FILES["fp32"]).unlink()
+        files = {p: ONNX_FILES[p] for p in steps if p in precisions}
+        write_model_directory(tmp, _with_files(manifest, files), tokens)
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _with_files(manifest: ModelManifest, files: dict[str, str]) -> ModelManifest:
+    import dataclasses
+
+    return dataclasses.replace(manifest, files=files)
+
+
+def tag_token_ids(tokens: list[str]) -> dict[str, list[int]]:
+    """Group the `<|...|>` tokens by the role SenseVoice gives them."""
+    from pipeline.decoding import EMOTIONS, LANGUAGES, TEXTNORMS
+
+    groups: dict[str, list[int]] = {}
+    for i, token in enumerate(tokens):
+        if token.startswith("<|") and token.endswith("|>"):
+            name = token[2:-2]
+            kind = "language" if name in LANGUAGES else "emotion" if name in EMOTIONS else "textnorm" if name in TEXTNORMS else "event"
+            groups.setdefault(kind, []).append(i)
+    return groups
+
+
+def deterministic_waveform(seconds: float, seed: int = 0) -> np.ndarray:
+    """Speech-like test audio: harmonic tones with a syllable-rate envelope plus light noise, float32."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * SAMPLE_RATE)
+    t = np.arange(n) / SAMPLE_RATE
+    pitch = 120 + 40 * np.sin(2 * np.pi * 0.7 * t + rng.uniform(0, 6))
+    phase = 2 * np.pi * np.cumsum(pitch) / SAMPLE_RATE
+    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
+    envelope = np.clip(np.sin(2 * np.pi * 3.1 * t + rng.uniform(0, 6)), 0, None) ** 0.5
+    audio = 0.2 * voice * envelope + 0.01 * rng.standard_normal(n)
+    return (0.5 * audio / np.max(np.abs(audio))).astype(np.float32)

@@ -1,0 +1,193 @@
+"""Synthetic English speech for the demo model: espeak-ng voices, a fixed vocabulary, augmentation.
+
+Everything is derived from a seed: the same (seed, count) gives the same texts, voices, augmentation and
+so the same samples, whatever the number of worker processes. espeak-ng runs as a subprocess
+(about 10 ms per call); its 22.05 kHz output is resampled to SAMPLE_RATE with soxr, where speed
+perturbation costs nothing (we resample from a rate scaled by the speed factor).
+
+Voices are `BASE+VARIANT`. `en-gb+VARIANT` silently ignores the variant, so `en` stands for British
+English; unknown variant names fall back silently too, hence the fixed, hash-checked list below (`fast`
+equals no variant; `caleb`, `klatt` and `klatt6` are identical: only `klatt` is kept).
+"""
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile
+import soxr
+
+from pipeline.audio import SAMPLE_RATE
+
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "oh")
+COMMANDS = (
+    "start", "stop", "next", "previous", "yes", "no", "up", "down", "left", "right", "on", "off",
+    "open", "close", "play", "pause", "go", "back", "help", "cancel", "save", "delete", "undo", "select",
+    "enter", "home", "menu", "repeat", "louder", "quieter", "faster", "slower", "call", "send", "show", "hide",
+)
+# Short phrases; their extra words (turn, volume, ...) become vocabulary too.
+PHRASES = (
+    "turn on", "turn off", "go back", "volume up", "volume down", "next page", "previous page",
+    "scroll up", "scroll down", "zoom in", "zoom out", "select all", "play music", "stop music",
+    "open the door", "close the door", "call home", "thank you", "good morning", "good night",
+    "show the menu", "hide the menu", "start recording", "stop recording", "send message",
+)
+VOCABULARY = tuple(dict.fromkeys(DIGITS + COMMANDS + tuple(w for p in PHRASES for w in p.split())))
+
+VOICE_BASES = ("en", "en-us", "en-029", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd")
+VARIANTS = (
+    "Alex", "Alicia", "Andrea", "Andy", "Annie", "AnxiousAndy", "Demonic", "Denis", "Diogo", "Gene",
+    "Gene2", "Henrique", "Hugo", "Jacky", "Lee", "Marco", "Mario", "Michael", "Mike", "Nguyen",
+    "RicishayMax", "RicishayMax2", "RicishayMax3", "Storm", "Tweaky", "UniRobot", "adam", "anika",
+    "anikaRobot", "announcer", "antonio", "aunty", "belinda", "benjamin", "boris", "croak", "david", "ed",
+    "edward", "edward2", "f1", "f2", "f3", "f4", "f5", "grandma", "grandpa", "gustave", "iven", "iven2",
+    "iven3", "iven4", "john", "kaukovalta", "klatt", "klatt2", "klatt3", "klatt4", "klatt5", "linda", "m1",
+    "m2", "m3", "m4", "m5", "m6", "m7", "m8", "marcelo", "max", "michel", "miguel", "norbert", "pablo",
+    "paul", "pedro", "quincy", "rob", "robert", "robosoft", "robosoft2", "robosoft3", "robosoft4",
+    "robosoft5", "robosoft6", "robosoft7", "robosoft8", "sandro", "shelby", "steph", "steph2", "steph3",
+    "travis", "victor", "whisper", "whisperf", "zac",
+)
+# Never heard in training: the held-out set speaks only with these timbres (with every base accent).
+HELDOUT_VARIANTS = (
+    "Annie", "Gene2", "Hugo", "RicishayMax2", "anikaRobot", "aunty", "edward2", "f4", "iven3", "klatt4",
+    "m6", "robosoft5", "steph2", "victor",
+)
+TRAIN_VARIANTS = ("",) + tuple(v for v in VARIANTS if v not in HELDOUT_VARIANTS)  # "" = the base voice
+
+ESPEAK_RATE = 22050
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The data recipe; recorded in the model manifest's `source`."""
+
+    speed: tuple[float, float] = (0.91, 1.10)  # speed perturbation (tempo and pitch together)
+    words_per_minute: tuple[int, int] = (120, 220)  # espeak-ng -s
+    pitch: tuple[int, int] = (15, 85)  # espeak-ng -p
+    word_gap: tuple[int, int] = (0, 12)  # espeak-ng -g, in 10 ms units
+    gain: tuple[float, float] = (0.25, 1.5)
+    lead_silence: tuple[float, float] = (0.0, 0.3)  # seconds
+    trail_silence: tuple[float, float] = (0.0, 1.0)  # seconds
+    noise_probability: float = 0.6
+    snr_db: tuple[float, float] = (15.0, 40.0)  # white noise
+    tilt: tuple[float, float] = (-0.6, 0.6)  # first-order spectral tilt y[n] = x[n] - a x[n-1]
+    max_words: int = 6
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One synthetic utterance: what is said, by which voice, and how it is altered afterwards."""
+
+    text: str
+    voice: str  # espeak-ng -v argument, e.g. "en-us+m3"
+    words_per_minute: int
+    pitch: int
+    word_gap: int
+    speed: float
+    gain: float
+    lead: float  # seconds of silence before
+    trail: float  # seconds of silence after
+    snr_db: float | None  # None: no noise
+    tilt: float
+    noise_seed: int
+
+
+def require_espeak() -> str:
+    """The espeak-ng executable, or RuntimeError with a one-line reason."""
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        raise RuntimeError("espeak-ng is not installed (Debian/Ubuntu: apt-get install espeak-ng)")
+    return exe
+
+
+def random_text(rng: np.random.Generator, max_words: int = 6) -> str:
+    """1..max_words words: a digit string, command words, short phrases or a command followed by digits."""
+    kind = rng.choice(4, p=[0.3, 0.3, 0.25, 0.15])
+    n = int(rng.integers(1, max_words + 1))
+    if kind == 0:
+        words = [DIGITS[i] for i in rng.integers(0, len(DIGITS), n)]
+    elif kind == 1:
+        words = [COMMANDS[i] for i in rng.integers(0, len(COMMANDS), n)]
+    elif kind == 2:
+        words = []
+        while True:
+            phrase = PHRASES[int(rng.integers(len(PHRASES)))].split()
+            if words and len(words) + len(phrase) > max_words:
+                break
+            words += phrase
+            if rng.random() < 0.5:
+                break
+    else:
+        words = [COMMANDS[int(rng.integers(len(COMMANDS)))]]
+        words += [DIGITS[i] for i in rng.integers(0, len(DIGITS), max(1, n - 1))]
+    return " ".join(words[:max_words])
+
+
+def sample_utterances(
+    count: int, seed: int, heldout: bool = False, exclude: frozenset[str] = frozenset(), recipe: Recipe = Recipe()
+) -> list[Utterance]:
+    """`count` utterance recipes. heldout=True uses only HELDOUT_VARIANTS and skips texts in `exclude`."""
+    rng = np.random.default_rng([seed, 1 if heldout else 0])
+    variants = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
+    out: list[Utterance] = []
+    while len(out) < count:
+        text = random_text(rng, recipe.max_words)
+        if text in exclude:
+            continue
+        variant = variants[int(rng.integers(len(variants)))]
+        base = VOICE_BASES[int(rng.integers(len(VOICE_BASES)))]
+
+        def uniform(bounds: tuple[float, float]) -> float:
+            return float(rng.uniform(*bounds))
+
+        out.append(Utterance(
+            text=text,
+            voice=f"{base}+{variant}" if variant else base,
+            words_per_minute=int(rng.integers(recipe.words_per_minute[0], recipe.words_per_minute[1] + 1)),
+            pitch=int(rng.integers(recipe.pitch[0], recipe.pitch[1] + 1)),
+            word_gap=int(rng.integers(recipe.word_gap[0], recipe.word_gap[1] + 1)),
+            speed=uniform(recipe.speed),
+            gain=uniform(recipe.gain),
+            lead=uniform(recipe.lead_silence),
+            trail=uniform(recipe.trail_silence),
+            snr_db=uniform(recipe.snr_db) if rng.random() < recipe.noise_probability else None,
+            tilt=uniform(recipe.tilt),
+            noise_seed=int(rng.integers(2**31)),
+        ))
+    return out
+
+
+def espeak(text: str, voice: str, words_per_minute: int = 175, pitch: int = 50, word_gap: int = 0) -> np.ndarray:
+    """espeak-ng's output: float32 [N] in [-1, 1] at ESPEAK_RATE (22.05 kHz)."""
+    cmd = [require_espeak(), "-v", voice, "-s", str(words_per_minute), "-p", str(pitch), "-g", str(word_gap)]
+    proc = subprocess.run(cmd + ["--stdout", text], capture_output=True, check=True)
+    audio, rate = soundfile.read(io.BytesIO(proc.stdout), dtype="float32")
+    if rate != ESPEAK_RATE:
+        raise RuntimeError(f"espeak-ng wrote {rate} Hz audio, expected {ESPEAK_RATE}")
+    return audio
+
+
+def render(u: Utterance) -> np.ndarray:
+    """Synthesize and augment one utterance: float32 [N] in [-1, 1] at SAMPLE_RATE."""
+    raw = espeak(u.text, u.voice, u.words_per_minute, u.pitch, u.word_gap)
+    # Reading 22.05 kHz samples as if they were (22.05 * speed) kHz plays them `speed` times faster.
+    audio = soxr.resample(raw, ESPEAK_RATE * u.speed, SAMPLE_RATE).astype(np.float32)
+    audio[1:] -= u.tilt * audio[:-1].copy()  # spectral tilt: a crude stand-in for microphones and vocal tracts
+    peak = float(np.abs(audio).max()) or 1.0
+    audio *= u.gain * 0.5 / peak  # espeak-ng peaks near 0.5; gain is relative to that
+    lead, trail = int(u.lead * SAMPLE_RATE), int(u.trail * SAMPLE_RATE)
+    audio = np.concatenate([np.zeros(lead, np.float32), audio, np.zeros(trail, np.float32)])
+    if u.snr_db is not None:
+        speech_power = float(np.mean(audio[lead:len(audio) - trail] ** 2)) + 1e-12
+        noise = np.random.default_rng(u.noise_seed).standard_normal(len(audio)).astype(np.float32)
+        audio += noise * np.float32(np.sqrt(speech_power / 10 ** (u.snr_db / 10)))
+    return np.clip(audio, -1.0, 1.0)
+
+
+def text_seed(text: str) -> int:
+    """A stable per-text number (Python's hash() is salted per process)."""
+    return zlib.crc32(text.encode("utf-8"))

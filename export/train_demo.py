@@ -1,0 +1,403 @@
+"""`python -m export train-demo`: the shipped demo model, trained on espeak-ng speech in minutes on a CPU.
+
+    data   export.synth renders seeded utterances (2 worker processes); each worker computes the model's
+           own frontend features (fbank + LFR, before CMVN) once; they are cached in memory as float16
+    cmvn   shift = -mean, scale = 1/std over the training frames: the am.mvn of this model
+    train  a small SenseVoice (ModelDimensions.preset("demo")) with CTC on [4 tags] + word tokens; batches
+           by length, AdamW, warmup + cosine decay over min(--steps, --minutes), mel-warp and masks
+    ship   export fp32 + int8 into a temporary sibling of --out, evaluate it on held-out voices and phrases
+           through pipeline.engine.Engine, write the model card, rename into place
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import synth
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "models" / "demo"
+WORD_START = "\u2581"
+TAGS = ("<|en|>", "<|Speech|>", "<|NEUTRAL|>", "<|withitn|>", "<|woitn|>")  # released-vocabulary order
+LANGUAGE_PROMPTS = (0, 4)  # auto, en
+TEXTNORM_PROMPTS = {14: "<|withitn|>", 15: "<|woitn|>"}
+
+
+def demo_tokens() -> list[str]:
+    """id 0 blank, one whole-word piece per vocabulary word, then the tag tokens."""
+    return ["<blank>"] + [WORD_START + w for w in synth.VOCABULARY] + list(TAGS)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    seed: int = 0
+    utterances: int = 36000
+    steps: int = 7000
+    minutes: float = 30.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
+    peak_lr: float = 1.5e-3
+    warmup: int = 400
+    weight_decay: float = 0.01
+    max_frames: int = 1400  # padded LFR frames per batch (about 32 utterances of 2.5 s)
+    workers: int = 2
+    threads: int = 2
+    mel_warp: float = 0.1  # +-10 % mel-axis stretch per utterance
+    time_masks: int = 2  # masks of up to 2 frames (120 ms)
+    freq_masks: int = 2  # masks of up to 8 mel bins
+
+
+# ---- data ----------------------------------------------------------------------------------------
+
+_FRONTEND = None
+
+
+def _init_worker() -> None:
+    import torch
+
+    from models.frontend import Frontend
+
+    global _FRONTEND
+    torch.set_num_threads(1)
+    _FRONTEND = Frontend()  # identity CMVN: the raw LFR features
+
+
+def _features(chunk: list[synth.Utterance]) -> list[np.ndarray]:
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for u in chunk:
+            audio = torch.from_numpy(synth.render(u))[None]
+            feats, lengths = _FRONTEND(audio, torch.tensor([audio.shape[1]]))
+            out.append(feats[0, : int(lengths[0])].numpy().astype(np.float16))
+    return out
+
+
+def render_features(utterances: list[synth.Utterance], workers: int, desc: str) -> list[np.ndarray]:
+    """Raw LFR features float16 [T, 560] per utterance, in order (deterministic for any worker count)."""
+    from tqdm import tqdm
+
+    chunks = [utterances[i : i + 100] for i in range(0, len(utterances), 100)]
+    out: list[np.ndarray] = []
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker) as pool:
+        with tqdm(total=len(utterances), desc=desc, unit="utt", disable=None) as bar:
+            for feats in pool.imap(_features, chunks):
+                out.extend(feats)
+                bar.update(len(feats))
+    return out
+
+
+def cmvn_from(features: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(shift = -mean, scale = 1/std) over every frame, float32 [560] each."""
+    total = np.zeros(features[0].shape[1])
+    squares = np.zeros_like(total)
+    count = 0
+    for f in features:
+        f = f.astype(np.float64)
+        total += f.sum(0)
+        squares += (f * f).sum(0)
+        count += len(f)
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean * mean, 1e-8))
+    return (-mean).astype(np.float32), (1.0 / std).astype(np.float32)
+
+
+def targets_for(text: str, token_ids: dict[str, int]) -> list[int]:
+    return [token_ids[WORD_START + w] for w in text.split()]
+
+
+# ---- batches and augmentation --------------------------------------------------------------------
+
+def length_batches(lengths: np.ndarray, max_frames: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Indices grouped by similar length so that longest * count <= max_frames; batch order shuffled."""
+    order = np.argsort(lengths + rng.uniform(0, 3, len(lengths)), kind="stable")
+    batches, current, longest = [], [], 0
+    for i in order:
+        longest_next = max(longest, int(lengths[i]))
+        if current and longest_next * (len(current) + 1) > max_frames:
+            batches.append(np.array(current))
+            current, longest_next = [], int(lengths[i])
+        current.append(i)
+        longest = longest_next
+    if current:
+        batches.append(np.array(current))
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(features: list[np.ndarray], shift, scale, options: TrainOptions | None, generator=None):
+    """Pad, augment (when options given) and normalise: (x float32 [B, T, 560], lengths int64 [B])."""
+    import torch
+
+    lengths = torch.tensor([len(f) for f in features])
+    x = torch.zeros(len(features), int(lengths.max()), features[0].shape[1])
+    for i, f in enumerate(features):
+        x[i, : len(f)] = torch.from_numpy(f.astype(np.float32))
+    if options is not None:
+        x = augment(x, lengths, options, generator)
+    x = (x + shift) * scale
+    return x * (torch.arange(x.shape[1])[None, :] < lengths[:, None])[:, :, None], lengths
+
+
+def augment(x, lengths, options: TrainOptions, generator):
+    """Mel-axis warp (a cheap vocal-tract-length change) and frequency/time masks on raw log-mel LFR rows."""
+    import torch
+
+    b, t, d = x.shape
+    mel = x.unflatten(2, (d // synth_mels(), synth_mels()))  # [B, T, 7, 80]
+    n = mel.shape[-1]
+    alpha = 1.0 + options.mel_warp * (2 * torch.rand(b, generator=generator) - 1)
+    src = (torch.arange(n)[None, :] * alpha[:, None]).clamp(0, n - 1)  # [B, 80]
+    lo = src.floor().long()
+    hi = (lo + 1).clamp(max=n - 1)
+    w = (src - lo)[:, None, None, :]
+    expand = (b, t, mel.shape[2], n)
+    mel = mel.gather(3, lo[:, None, None, :].expand(expand)) * (1 - w) + mel.gather(3, hi[:, None, None, :].expand(expand)) * w
+    floor = mel.amin(dim=(1, 2, 3), keepdim=True)  # masked bins become the utterance's quietest value
+    for _ in range(options.freq_masks):
+        width = torch.randint(0, 9, (b,), generator=generator)
+        start = (torch.rand(b, generator=generator) * (n - width)).long()
+        bins = torch.arange(n)[None, :]
+        hit = ((bins >= start[:, None]) & (bins < (start + width)[:, None]))[:, None, None, :]
+        mel = torch.where(hit, floor, mel)
+    for _ in range(options.time_masks):
+        width = torch.randint(0, 3, (b,), generator=generator)
+        start = (torch.rand(b, generator=generator) * (lengths - width).clamp(min=1)).long()
+        rows = torch.arange(t)[None, :]
+        hit = ((rows >= start[:, None]) & (rows < (start + width)[:, None]))[:, :, None, None]
+        mel = torch.where(hit, floor, mel)
+    return mel.flatten(2)
+
+
+def synth_mels() -> int:
+    from pipeline.audio import N_MELS
+
+    return N_MELS
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+def greedy_words(logprobs, lengths, tokens: list[str]) -> list[str]:
+    """Greedy CTC over a batch (torch), tags dropped: one text per utterance."""
+    texts = []
+    ids = logprobs.argmax(-1)
+    for row, n in zip(ids.tolist(), lengths.tolist()):
+        out, prev = [], 0
+        for i in row[:n]:
+            if i != prev and i != 0 and not tokens[i].startswith("<|"):
+                out.append(tokens[i][1:])
+            prev = i
+        texts.append(" ".join(out))
+    return texts
+
+
+def train(model, features, texts, heldout, options: TrainOptions, log=print) -> dict:
+    """CTC training on cached features; returns a summary (steps, seconds, held-out greedy WER)."""
+    import torch
+    from tqdm import tqdm
+
+    from .evaluate import word_errors
+
+    tokens = demo_tokens()
+    token_ids = {t: i for i, t in enumerate(tokens)}
+    shift, scale = model.frontend.cmvn_shift.clone(), model.frontend.cmvn_scale.clone()
+    word_targets = [targets_for(t, token_ids) for t in texts]
+    lengths = np.array([len(f) for f in features])
+    rng = np.random.default_rng([options.seed, 2])
+    generator = torch.Generator().manual_seed(options.seed)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or name.startswith("embed") else decay).append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": options.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=options.peak_lr, betas=(0.9, 0.98),
+    )
+    start = time.monotonic()
+    budget = options.minutes * 60
+    step, epoch, progress = 0, 0, 0.0
+    history = []
+    bar = tqdm(total=options.steps, desc="train", unit="step", disable=None)
+    model.train()
+    while progress < 1.0:
+        for batch in length_batches(lengths, options.max_frames, rng):
+            progress = max(step / options.steps, (time.monotonic() - start) / budget)
+            if progress >= 1.0:
+                break
+            lr = options.peak_lr * min(1.0, (step + 1) / options.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, x_lengths = collate([features[i] for i in batch], shift, scale, options, generator)
+            language = torch.tensor(rng.choice(LANGUAGE_PROMPTS, len(batch)), dtype=torch.int32)
+            textnorm = torch.tensor(rng.choice(list(TEXTNORM_PROMPTS), len(batch)), dtype=torch.int32)
+            target_rows = [
+                [token_ids["<|en|>"], token_ids["<|NEUTRAL|>"], token_ids["<|Speech|>"], token_ids[TEXTNORM_PROMPTS[int(tn)]]]
+                + word_targets[i]
+                for i, tn in zip(batch, textnorm)
+            ]
+            logprobs, out_lengths = model.encode(x, x_lengths, language, textnorm)
+            loss = torch.nn.functional.ctc_loss(
+                logprobs.transpose(0, 1), torch.tensor([t for row in target_rows for t in row]),
+                out_lengths.long(), torch.tensor([len(r) for r in target_rows]), blank=0, zero_infinity=True,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+            step += 1
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}", epoch=epoch)
+            if step % 1000 == 0 and heldout is not None:
+                wer = heldout_wer(model, heldout, shift, scale, tokens, word_errors)
+                history.append({"step": step, "heldout_wer": round(wer, 4)})
+                log(f"step {step}: held-out greedy WER {wer:.2%} ({time.monotonic() - start:.0f} s)")
+                model.train()
+        epoch += 1
+    bar.close()
+    model.eval()
+    summary = {"steps": step, "epochs": round(step / max(1, len(length_batches(lengths, options.max_frames, rng))), 2),
+               "train_seconds": round(time.monotonic() - start), "history": history}
+    if heldout is not None:
+        summary["heldout_greedy_wer_torch"] = round(heldout_wer(model, heldout, shift, scale, tokens, word_errors), 4)
+    return summary
+
+
+def heldout_wer(model, heldout, shift, scale, tokens, word_errors) -> float:
+    import torch
+
+    features, texts = heldout
+    model.eval()
+    errors = words = 0
+    with torch.no_grad():
+        for i in range(0, len(features), 64):
+            x, x_lengths = collate(features[i : i + 64], shift, scale, None)
+            n = len(x)
+            logprobs, out_lengths = model.encode(x, x_lengths, torch.full((n,), 0, dtype=torch.int32), torch.full((n,), 15, dtype=torch.int32))
+            for hyp, ref in zip(greedy_words(logprobs, out_lengths, tokens), texts[i : i + 64]):
+                errors += word_errors(ref, hyp)
+                words += len(ref.split())
+    return errors / max(1, words)
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainOptions()
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"model directory to create (default {DEFAULT_OUT})")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists (atomically, at the end)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--utterances", type=int, default=d.utterances, help=f"training utterances (default {d.utterances})")
+    parser.add_argument("--steps", type=int, default=d.steps, help=f"training steps (default {d.steps})")
+    parser.add_argument("--minutes", type=float, default=d.minutes,
+                        help=f"wall-clock cap of the training loop; the schedule ends at the earlier of both (default {d.minutes:g})")
+    parser.add_argument("--workers", type=int, default=d.workers, help="data processes (default 2)")
+    parser.add_argument("--threads", type=int, default=d.threads, help="torch threads (default 2)")
+    parser.add_argument("--eval-utterances", type=int, default=500, help="held-out utterances for the model card (default 500)")
+    parser.add_argument("--checkpoint", type=Path, help="also save the torch checkpoint (model.pt, am.mvn, training.json) here")
+    parser.add_argument("--from-checkpoint", type=Path, help="skip data and training: export and evaluate this checkpoint")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise ValueError(f"{out} already exists (remove it, choose another --out, or pass --force)")
+    synth.require_espeak()
+    import torch  # ModuleNotFoundError -> "torch is not installed" from export.__main__
+
+    from models.frontend import read_am_mvn, write_am_mvn
+
+    started = time.monotonic()
+    torch.set_num_threads(args.threads)
+    options = TrainOptions(seed=args.seed, utterances=args.utterances, steps=args.steps, minutes=args.minutes,
+                           workers=args.workers, threads=args.threads)
+    tokens = demo_tokens()
+    torch.manual_seed(options.seed)
+    model = build_model(len(tokens))
+    if args.from_checkpoint is not None:
+        model.load_state_dict(torch.load(args.from_checkpoint / "model.pt", map_location="cpu", weights_only=True))
+        model.set_cmvn(*read_am_mvn(args.from_checkpoint / "am.mvn"))
+        summary = json.loads((args.from_checkpoint / "training.json").read_text(encoding="utf-8"))
+        options = TrainOptions(**summary["options"])
+    else:
+        summary = {"options": asdict(options)}
+        utterances = synth.sample_utterances(options.utterances, options.seed)
+        seen = frozenset(u.text for u in utterances)
+        monitor = synth.sample_utterances(300, options.seed + 1, heldout=True, exclude=seen)
+        features = render_features(utterances + monitor, options.workers, "synthesise")
+        summary["data_seconds"] = round(time.monotonic() - started)
+        model.set_cmvn(*cmvn_from(features[: len(utterances)]))
+        heldout = (features[len(utterances):], [u.text for u in monitor])
+        summary.update(train(model, features[: len(utterances)], [u.text for u in utterances], heldout, options))
+        del features
+        if args.checkpoint is not None:
+            args.checkpoint.mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), args.checkpoint / "model.pt")
+            shift, scale = model.frontend.cmvn_shift.numpy(), model.frontend.cmvn_scale.numpy()
+            write_am_mvn(args.checkpoint / "am.mvn", shift, scale)
+            (args.checkpoint / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    ship(model.eval(), tokens, out, options, summary, args, started)
+    return 0
+
+
+def build_model(vocab_size: int):
+    from models.sensevoice import PRESETS, ModelDimensions, SenseVoice
+
+    if "demo" in PRESETS:
+        dims = ModelDimensions.preset("demo")
+    else:  # the geometry proposed for the preset
+        dims = ModelDimensions(output_size=192, attention_heads=4, linear_units=768, num_blocks=6, tp_blocks=1,
+                               kernel_size=11, vocab_size=vocab_size)
+    if dims.vocab_size != vocab_size:
+        raise ValueError(f"the demo preset has vocab_size {dims.vocab_size}, the demo vocabulary {vocab_size} tokens")
+    return SenseVoice(dims)
+
+
+def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: dict, args, started: float) -> None:
+    """Export into a temporary sibling of `out`, evaluate it there, write the card, then rename into place."""
+    import dataclasses
+
+    from pipeline.modeldir import ModelManifest, read_model_directory, write_model_directory
+
+    from .demo_card import write_model_card
+    from .evaluate import synth_eval_set, evaluate
+    from .onnx_export import write_model_dir
+
+    source = {
+        "kind": "trained",
+        "command": "python -m export train-demo " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["train-demo"] else sys.argv[1:]),
+        "seed": options.seed,
+        "utterances": options.utterances,
+        "recipe": asdict(synth.Recipe()),
+        "voices": {"bases": list(synth.VOICE_BASES), "train_variants": len(synth.TRAIN_VARIANTS),
+                   "heldout_variants": list(synth.HELDOUT_VARIANTS)},
+        "training": {k: v for k, v in summary.items() if k != "history"},
+    }
+    manifest = ModelManifest(name="demo-en-commands", architecture="sensevoice", dimensions=model.dims.to_dict(),
+                             files={}, source=source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        stage = write_model_dir(model, tokens, work / out.name, manifest, ("fp32", "int8"))
+        items = synth_eval_set(args.eval_utterances, options.seed, options.seed, options.utterances, options.workers)
+        results = [evaluate(stage, items, p, threads=options.threads) for p in ("fp32", "int8")]
+        source["heldout"] = {r.precision: {"wer": round(r.wer, 4), "sentence_accuracy": round(r.sentence_accuracy, 4),
+                                           "utterances": r.utterances, "words": r.words} for r in results}
+        source["total_minutes"] = round((time.monotonic() - started) / 60, 1)
+        manifest = dataclasses.replace(read_model_directory(stage).manifest, source=source)
+        write_model_directory(stage, manifest, tokens)
+        write_model_card(stage / "README.md", manifest, tokens, results, summary.get("history", []))
+        for r in results:
+            print(f"held-out {r.precision}: WER {r.wer:.2%}, sentence accuracy {r.sentence_accuracy:.2%}")
+        if out.exists():
+            out.rename(work / "previous")
+        stage.rename(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {out} in {(time.monotonic() - started) / 60:.1f} min")

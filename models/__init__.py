@@ -1,0 +1,1 @@
+"""PyTorch definitions of the paddable models (state_dict-compatible with FunASR's SenseVoiceSmall)."""

@@ -1,0 +1,1 @@
+"""Everything between PCM bytes and text, with no network: sans-I/O, numpy and onnxruntime only."""

@@ -1,0 +1,174 @@
+"""Greedy CTC decoding of SenseVoice log-probabilities into text, tags and token times.
+
+    ids    = argmax over the vocabulary for each of the first `length` frames
+    runs   = maximal stretches of one id; blanks dropped; each remaining run is one emitted token
+    tags   = tokens written <|...|>: language, emotion, event (text-normalisation tags are dropped)
+    text   = the other tokens joined as sentencepiece pieces ("▁" starts a word)
+
+A token's time is its run of frames: frame f covers [(f - prompt_frames) * frame_seconds,
+(f + 1 - prompt_frames) * frame_seconds) after `offset`, since the model's first `prompt_frames` output
+rows belong to its prompt, not to the audio.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
+
+LANGUAGES = frozenset({"zh", "en", "yue", "ja", "ko", "nospeech", "auto"})
+EMOTIONS = frozenset({"HAPPY", "SAD", "ANGRY", "NEUTRAL", "FEARFUL", "DISGUSTED", "SURPRISED", "EMO_UNKNOWN"})
+TEXTNORMS = frozenset({"withitn", "woitn"})
+SPECIAL_TOKENS = frozenset({"<unk>", "<s>", "</s>", "<blank>", "<pad>"})  # never part of the text
+WORD_START = "\u2581"  # sentencepiece's "▁"
+_TAG = re.compile(r"<\|([^|<>]+)\|>")
+_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # sentencepiece byte fallback
+
+
+@dataclass(frozen=True)
+class TokenTiming:
+    text: str  # the piece with "▁" written as a leading space (" hello"), so "".join(texts) is the text
+    start: float  # seconds, offset included
+    end: float
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    language: str | None = None  # "en", "zh", ... (the tag's inner text); None when the model gave none
+    emotion: str | None = None  # "NEUTRAL", "HAPPY", ...
+    event: str | None = None  # "Speech", "BGM", "Laughter", ...
+    tokens: tuple[TokenTiming, ...] = ()
+    words: tuple[TokenTiming, ...] = ()  # tokens merged into words (each CJK character is a word)
+
+
+def decode_ctc(
+    logprobs: np.ndarray,
+    length: int,
+    tokens: Sequence[str],
+    blank_id: int = 0,
+    prompt_frames: int = PROMPT_FRAMES,
+    frame_seconds: float = OUTPUT_FRAME_SECONDS,
+    offset: float = 0.0,
+) -> Transcript:
+    """Greedy CTC: logprobs float [T, V] (any monotonic scores work), `length` valid frames <= T.
+
+    `tokens[i]` is the text of id i. Times are seconds, `offset` being the time of the audio's first sample.
+    """
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be [frames, vocab], got shape {logprobs.shape}")
+    if len(tokens) != logprobs.shape[1]:
+        raise ValueError(f"{len(tokens)} tokens for a vocabulary of {logprobs.shape[1]}")
+    length = max(0, min(int(length), logprobs.shape[0]))
+    ids = np.argmax(logprobs[:length], axis=-1)
+    if not length:
+        return Transcript(text="")
+    change = np.empty(length, bool)
+    change[0] = True
+    np.not_equal(ids[1:], ids[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    ends = np.append(starts[1:], length)  # exclusive
+    keep = ids[starts] != blank_id
+    starts, ends, run_ids = starts[keep], ends[keep], ids[starts[keep]]
+    t0 = np.maximum((starts - prompt_frames) * frame_seconds + offset, offset)
+    t1 = np.maximum((ends - prompt_frames) * frame_seconds + offset, offset)
+
+    tags: dict[str, str] = {}
+    pieces: list[TokenTiming] = []
+    for token_id, a, b in zip(run_ids.tolist(), t0.tolist(), t1.tolist()):
+        piece = tokens[token_id]
+        tag = _TAG.fullmatch(piece)
+        if tag is not None:
+            kind = _tag_kind(tag.group(1))
+            if kind is not None:
+                tags.setdefault(kind, tag.group(1))  # the first of each kind wins
+            continue
+        if piece in SPECIAL_TOKENS or not piece:
+            continue
+        pieces.append(TokenTiming(piece.replace(WORD_START, " "), round(a, 6), round(b, 6)))
+    pieces = _merge_bytes(pieces)
+    text = " ".join("".join(p.text for p in pieces).split())  # strip and collapse runs of spaces
+    return Transcript(
+        text=text,
+        language=tags.get("language"),
+        emotion=tags.get("emotion"),
+        event=tags.get("event"),
+        tokens=tuple(pieces),
+        words=tuple(merge_words(pieces)),
+    )
+
+
+def _tag_kind(name: str) -> str | None:
+    if name in LANGUAGES:
+        return "language"
+    if name in EMOTIONS:
+        return "emotion"
+    if name in TEXTNORMS:
+        return None
+    return "event"
+
+
+def _merge_bytes(pieces: list[TokenTiming]) -> list[TokenTiming]:
+    """Join runs of byte-fallback pieces (<0xE4><0xBD><0xA0>) into the characters they encode."""
+    if not any(_BYTE.fullmatch(p.text) for p in pieces):
+        return pieces
+    merged: list[TokenTiming] = []
+    run: list[TokenTiming] = []
+
+    def flush() -> None:
+        if run:
+            data = bytes(int(_BYTE.fullmatch(p.text).group(1), 16) for p in run)  # type: ignore[union-attr]
+            merged.append(TokenTiming(data.decode("utf-8", errors="replace"), run[0].start, run[-1].end))
+            run.clear()
+
+    for p in pieces:
+        if _BYTE.fullmatch(p.text):
+            run.append(p)
+        else:
+            flush()
+            merged.append(p)
+    flush()
+    return merged
+
+
+def is_cjk(char: str) -> bool:
+    """Characters written without spaces between words: Han, kana, CJK punctuation and full-width forms.
+
+    Hangul is not among them: Korean separates words with spaces, which sentencepiece marks with "▁".
+    """
+    code = ord(char)
+    return (
+        0x3000 <= code <= 0x30FF  # CJK punctuation, hiragana, katakana
+        or 0x3400 <= code <= 0x4DBF
+        or 0x4E00 <= code <= 0x9FFF
+        or 0xF900 <= code <= 0xFAFF
+        or 0xFF00 <= code <= 0xFFEF  # full-width forms
+        or 0x20000 <= code <= 0x2FA1F
+    )
+
+
+def merge_words(tokens: Sequence[TokenTiming]) -> list[TokenTiming]:
+    """Tokens -> words: a word starts at a piece with a leading space, and every CJK character is its own.
+
+    Each word spans from its first piece's start to its last piece's end; its text has no spaces around it.
+    """
+    words: list[TokenTiming] = []
+    current: TokenTiming | None = None
+    for token in tokens:
+        text = token.text
+        stripped = text.strip()
+        if not stripped:
+            continue
+        new_word = current is None or text[0].isspace() or is_cjk(stripped[0]) or is_cjk(current.text[-1])
+        if new_word:
+            if current is not None:
+                words.append(current)
+            current = TokenTiming(stripped, token.start, token.end)
+        else:
+            current = TokenTiming(current.text + stripped, current.start, token.end)
+    if current is not None:
+        words.append(current)
+    return words

@@ -1,0 +1,114 @@
+"""The self-describing model directory that `python -m export` writes and the engine reads.
+
+    DIR/manifest.json     ModelManifest below, as JSON
+    DIR/tokens.txt        one token per line; line i is token id i (no sentencepiece needed to serve)
+    DIR/model.onnx        fp32 graph (and model.int8.onnx, model.fp16.onnx when exported)
+
+The graph's inputs: `audio` float32 [batch, samples] in [-1, 1], `audio_lengths` int32 [batch] (valid
+samples), `language` int32 [batch] and `textnorm` int32 [batch] (prompt rows of the embedding).
+Outputs: `logprobs` float32 [batch, frames, vocab] (CTC log-probabilities, the 4 prompt frames first) and
+`logprob_lengths` int32 [batch] (valid frames). `batch` and `samples` are named free dimensions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES, SAMPLE_RATE
+from .errors import ModelLoadError
+
+MANIFEST_FORMAT = "unipad-asr/1"
+MANIFEST_FILE = "manifest.json"
+TOKENS_FILE = "tokens.txt"
+PRECISIONS = ("fp32", "int8", "fp16")
+ONNX_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
+FREE_DIMENSIONS = ("batch", "samples")
+INPUT_NAMES = ("audio", "audio_lengths", "language", "textnorm")
+OUTPUT_NAMES = ("logprobs", "logprob_lengths")
+
+# Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
+SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
+SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}
+
+
+@dataclass(frozen=True)
+class ModelManifest:
+    name: str
+    architecture: str  # "sensevoice"
+    dimensions: dict  # models.sensevoice.ModelDimensions as a dict
+    files: dict  # precision -> ONNX file name, only the precisions that were exported
+    source: dict  # where the weights came from: {"kind": "checkpoint"|"random-init"|"trained", ...}
+    container_seconds: float = 30.0
+    sample_rate: int = SAMPLE_RATE
+    output_frame_seconds: float = OUTPUT_FRAME_SECONDS
+    prompt_frames: int = PROMPT_FRAMES
+    languages: dict = field(default_factory=lambda: dict(SENSEVOICE_LANGUAGES))
+    textnorms: dict = field(default_factory=lambda: dict(SENSEVOICE_TEXTNORMS))
+    blank_id: int = 0
+    tag_tokens: dict = field(default_factory=dict)  # "language"|"emotion"|"event"|"textnorm" -> token ids
+    opset: int = 18
+    format: str = MANIFEST_FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
+
+
+@dataclass(frozen=True)
+class ModelDirectory:
+    path: Path
+    manifest: ModelManifest
+    tokens: tuple[str, ...]
+
+    def onnx_path(self, precision: str) -> Path:
+        if precision not in self.manifest.files:
+            raise ModelLoadError(
+                f"{self.path}: no {precision} graph (has {', '.join(sorted(self.manifest.files))})",
+                precision=precision,
+            )
+        return self.path / self.manifest.files[precision]
+
+
+def write_model_directory(path: Path, manifest: ModelManifest, tokens: list[str]) -> None:
+    """Write manifest.json and tokens.txt into an existing directory (the ONNX files are written by export)."""
+    if any("\n" in t for t in tokens):
+        raise ValueError("a token contains a newline")
+    (path / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+    (path / TOKENS_FILE).write_text("\n".join(tokens) + "\n", encoding="utf-8")
+
+
+def read_model_directory(path: str | Path) -> ModelDirectory:
+    """Read and check a model directory; every problem is a ModelLoadError naming the file."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist", path=str(path))
+    manifest_path = path / MANIFEST_FILE
+    try:
+        raw = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path} is not a Unipad model directory: no {MANIFEST_FILE}", path=str(path)) from None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{manifest_path}: unreadable manifest ({exc})", path=str(path)) from None
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
+        raise ModelLoadError(f"{manifest_path}: not a {MANIFEST_FORMAT} manifest", path=str(path))
+    known = {f.name for f in dataclasses.fields(ModelManifest)}
+    try:
+        manifest = ModelManifest(**{k: v for k, v in raw.items() if k in known})
+    except TypeError as exc:
+        raise ModelLoadError(f"{manifest_path}: incomplete manifest ({exc})", path=str(path)) from None
+    if manifest.sample_rate != SAMPLE_RATE:
+        raise ModelLoadError(f"{manifest_path}: sample rate {manifest.sample_rate}, expected {SAMPLE_RATE}")
+    try:
+        tokens = tuple((path / TOKENS_FILE).read_text(encoding="utf-8").split("\n")[:-1])
+    except OSError as exc:
+        raise ModelLoadError(f"{path / TOKENS_FILE}: {exc.strerror}", path=str(path)) from None
+    vocab = manifest.dimensions.get("vocab_size")
+    if vocab is not None and vocab != len(tokens):
+        raise ModelLoadError(f"{path / TOKENS_FILE}: {len(tokens)} tokens, the model has {vocab}")
+    for precision, name in manifest.files.items():
+        if precision not in PRECISIONS:
+            raise ModelLoadError(f"{manifest_path}: unknown precision {precision!r}")
+        if not (path / name).is_file():
+            raise ModelLoadError(f"{path / name} is missing (listed in the manifest)")
+    return ModelDirectory(path=path, manifest=manifest, tokens=tokens)

@@ -1,0 +1,102 @@
+"""Execution-provider choice and per-provider session settings for the engine (pure functions, no sessions).
+
+    device      provider                 session settings
+    cpu         CPUExecutionProvider     defaults
+    cuda        CUDAExecutionProvider    device_id; enable_cuda_graph when asked (needs IO binding)
+    directml    DmlExecutionProvider     enable_mem_pattern off, sequential execution; device_id, or
+                                         performance_preference + device_filter when no adapter is named
+
+`auto` tries CUDA, then DirectML, then CPU, keeping only those this onnxruntime build contains
+(`get_available_providers()` lists what was built, not what works: the engine checks the provider a
+session really started). The environment variable INFERENCE_DEVICE is read here and nowhere else.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEVICE_ENV = "INFERENCE_DEVICE"
+DEVICES = ("auto", "cpu", "cuda", "directml")
+DEVICE_ALIASES = {"dml": "directml"}
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "directml": "DmlExecutionProvider"}
+AUTO_ORDER = ("cuda", "directml", "cpu")
+DML_PREFERENCES = ("default", "high_performance", "minimum_power")
+DML_FILTERS = ("gpu", "npu", "any")
+# Substrings of ONNX Runtime error messages that mean the device itself failed (lost, reset, out of
+# memory), as opposed to a bad input: DXGI device-removed/hung/reset HRESULTs and CUDA runtime failures.
+DEVICE_FAILURE_MARKERS = (
+    "887a0005", "887a0006", "887a0007", "dxgi_error", "device removed", "device_removed",
+    "cuda failure", "cuda error", "cudaerror", "cublas", "cudnn", "out of memory",
+)
+
+
+def resolve_device(cli_value: str | None = None) -> str:
+    """The device to use: the CLI value if given, else $INFERENCE_DEVICE, else "auto"; ValueError if unknown."""
+    raw = cli_value if cli_value else os.environ.get(DEVICE_ENV, "") or "auto"
+    value = DEVICE_ALIASES.get(raw.strip().lower(), raw.strip().lower())
+    if value not in DEVICES:
+        source = "--device" if cli_value else DEVICE_ENV
+        raise ValueError(f"{source}: unknown device {raw!r} (expected one of {', '.join(DEVICES)})")
+    return value
+
+
+def candidate_devices(device: str, available: list[str]) -> list[str]:
+    """The devices to try in order: for "auto", those of AUTO_ORDER whose provider is in `available`."""
+    if device == "auto":
+        return [d for d in AUTO_ORDER if PROVIDERS[d] in available]
+    return [device]
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """Everything provider-specific that goes into creating one session."""
+
+    device: str
+    providers: tuple[str, ...]  # priority order; CPU last takes nodes the GPU provider lacks
+    provider_options: tuple[dict[str, str], ...]  # one dict per provider (values are strings)
+    session_config: dict[str, str] = field(default_factory=dict)  # SessionOptions.add_session_config_entry
+    enable_mem_pattern: bool = True
+    io_binding: bool = False  # run through IO binding with device-resident buffers (CUDA graphs)
+
+    @property
+    def provider(self) -> str:
+        return self.providers[0]
+
+
+def provider_config(
+    device: str,
+    device_id: int | None = None,
+    cuda_graph: bool = False,
+    dml_performance_preference: str = "high_performance",
+    dml_device_filter: str = "gpu",
+) -> ProviderConfig:
+    """Session settings for one concrete device ("cpu", "cuda" or "directml"), per ONNX Runtime's docs."""
+    cpu = PROVIDERS["cpu"]
+    if device == "cpu":
+        return ProviderConfig(device, (cpu,), ({},))
+    if device == "cuda":
+        options = {"device_id": str(device_id or 0)}
+        if cuda_graph:
+            # One graph per session; static shapes (our containers) and fixed input/output addresses.
+            options["enable_cuda_graph"] = "1"
+        return ProviderConfig(device, (PROVIDERS["cuda"], cpu), (options, {}), io_binding=cuda_graph)
+    if device == "directml":
+        if dml_performance_preference not in DML_PREFERENCES:
+            raise ValueError(f"DirectML performance preference must be one of {', '.join(DML_PREFERENCES)}")
+        if dml_device_filter not in DML_FILTERS:
+            raise ValueError(f"DirectML device filter must be one of {', '.join(DML_FILTERS)}")
+        if device_id is not None:  # an explicit adapter index overrides preference and filter
+            options = {"device_id": str(device_id)}
+        else:
+            options = {"performance_preference": dml_performance_preference, "device_filter": dml_device_filter}
+        # DML needs memory patterns off and sequential execution (the engine always runs sequentially).
+        return ProviderConfig(device, (PROVIDERS["directml"], cpu), (options, {}), enable_mem_pattern=False)
+    raise ValueError(f"no provider settings for device {device!r}")
+
+
+def is_device_failure(exc: BaseException) -> bool:
+    """Whether an ONNX Runtime error says the device failed (worth rebuilding sessions), not the input."""
+    if type(exc).__name__ == "EPFail":
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in DEVICE_FAILURE_MARKERS)

@@ -1,0 +1,329 @@
+"""Voice activity segmentation: 16 kHz samples in, speech segments (and partial-decode ticks) out.
+
+Sans-I/O: `Segmenter.feed(samples)` returns events, `finish()` flushes. Time is counted in samples fed,
+never read from a clock, so a file and a live microphone segment identically.
+
+The audio is cut into 30 ms frames (VAD_FRAME) that webrtcvad marks voiced or not:
+- idle: a ring buffer keeps the last frames (pre-roll plus the start window; memory is bounded while
+  silent). When `start_frames` of the last `start_window` frames are voiced, a segment opens at the first
+  voiced frame of that window, its audio reaching `pre_roll` further back.
+- a segment is *confirmed* once it holds `min_speech` seconds of voiced frames: only then is
+  SpeechStarted sent, so coughs and clicks that end earlier vanish without any event.
+- it ends after `end_silence` seconds without a voiced frame; `end` is where the last voiced frame ends,
+  and the audio keeps `post_roll` seconds after it.
+- it never grows beyond `max_segment_seconds` of audio: at the limit it is cut after the quietest frame
+  (lowest RMS) of its last `cut_search` seconds, and the rest carries on as the next segment.
+"""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+import webrtcvad
+
+from .audio import SAMPLE_RATE, VAD_FRAME, samples_to_seconds
+
+FRAME_SECONDS = samples_to_seconds(VAD_FRAME)  # 0.03 s
+
+
+@dataclass(frozen=True)
+class SegmenterOptions:
+    vad_aggressiveness: int = 3  # webrtcvad 0-3; 3 is as sensitive to espeak speech as 2, with fewer false starts
+    start_frames: int = 3  # voiced frames among the last `start_window` that open a segment ...
+    start_window: int = 10  # ... (300 ms): a hysteresis against single noisy frames
+    pre_roll: float = 0.3  # seconds of audio kept before the first voiced frame (soft onsets)
+    end_silence: float = 0.5  # seconds without a voiced frame that end a segment
+    post_roll: float = 0.2  # seconds of audio kept after the last voiced frame (at most end_silence)
+    min_speech: float = 0.2  # voiced seconds a segment needs before it is announced; shorter ones are dropped
+    max_segment_seconds: float = 30.0  # the largest audio a segment may hold (the engine's largest container)
+    cut_search: float = 3.0  # where to look, back from the limit, for the quietest frame to cut at
+    partial_interval: float = 0.5  # seconds of new audio between PartialDue events; 0 disables partials
+    partial_window: float = 15.0  # a partial covers at most the last this-many seconds (<= max_segment_seconds)
+
+
+def validate_options(options: SegmenterOptions) -> None:
+    """Raise ValueError naming the first option that makes no sense."""
+    o = options
+    checks = [
+        (o.vad_aggressiveness in (0, 1, 2, 3) and not isinstance(o.vad_aggressiveness, bool),
+         f"vad_aggressiveness must be 0, 1, 2 or 3, got {o.vad_aggressiveness!r}"),
+        (isinstance(o.start_window, int) and o.start_window >= 1, f"start_window must be an integer >= 1, got {o.start_window!r}"),
+        (isinstance(o.start_frames, int) and 1 <= o.start_frames <= o.start_window,
+         f"start_frames must be an integer from 1 to start_window ({o.start_window}), got {o.start_frames!r}"),
+    ]
+    for name in ("pre_roll", "end_silence", "post_roll", "min_speech", "max_segment_seconds", "cut_search",
+                 "partial_interval", "partial_window"):
+        value = getattr(o, name)
+        checks.append((isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+                       f"{name} must be a finite number >= 0, got {value!r}"))
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    if o.end_silence < FRAME_SECONDS:
+        raise ValueError(f"end_silence must be at least one VAD frame ({FRAME_SECONDS} s), got {o.end_silence}")
+    if o.post_roll > o.end_silence:
+        raise ValueError(f"post_roll ({o.post_roll} s) cannot exceed end_silence ({o.end_silence} s)")
+    if o.max_segment_seconds < 1.0:
+        raise ValueError(f"max_segment_seconds must be at least 1 s, got {o.max_segment_seconds}")
+    if o.pre_roll + o.start_window * FRAME_SECONDS > o.max_segment_seconds / 2:
+        raise ValueError("pre_roll plus the start window must fit in half of max_segment_seconds")
+    if not FRAME_SECONDS <= o.cut_search <= o.max_segment_seconds / 2:
+        raise ValueError(f"cut_search must be from {FRAME_SECONDS} s to half of max_segment_seconds, got {o.cut_search}")
+    if o.partial_interval and o.partial_window < FRAME_SECONDS:  # above max_segment_seconds it is clipped
+        raise ValueError(f"partial_window must be at least {FRAME_SECONDS} s, got {o.partial_window}")
+
+
+# ---- events --------------------------------------------------------------------------------------------
+# Times are seconds from the start of the stream. `audio` is float32 mono at SAMPLE_RATE, a copy the
+# receiver owns; `audio_start` is the time of audio[0] (pass it as the decoder's offset).
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    segment: int  # 0, 1, 2 ... per stream
+    start: float  # where speech starts
+
+
+@dataclass(frozen=True)
+class PartialDue:
+    segment: int
+    start: float  # where speech starts, or the window's start once the segment outgrew partial_window
+    end: float  # the end of the audio received so far
+    audio: np.ndarray = field(repr=False, compare=False)
+    audio_start: float | None = None  # None: same as start
+
+    def __post_init__(self) -> None:
+        if self.audio_start is None:
+            object.__setattr__(self, "audio_start", self.start)
+
+
+@dataclass(frozen=True)
+class SegmentFinished:
+    segment: int
+    start: float  # where speech starts
+    end: float  # where speech ends (the audio goes on for up to post_roll)
+    audio: np.ndarray = field(repr=False, compare=False)  # pre-roll + speech + post-roll
+    audio_start: float | None = None  # None: same as start
+
+    def __post_init__(self) -> None:
+        if self.audio_start is None:
+            object.__setattr__(self, "audio_start", self.start)
+
+
+Event = Union[SpeechStarted, PartialDue, SegmentFinished]
+
+
+def frame_count(seconds: float) -> int:
+    """Whole VAD frames that cover `seconds` (rounded up, with a little slack for float error)."""
+    return math.ceil(seconds / FRAME_SECONDS - 1e-9)
+
+
+class Segmenter:
+    """Turns a stream of 16 kHz float32 samples into segment events. One per stream; not thread-safe."""
+
+    def __init__(self, options: SegmenterOptions | None = None) -> None:
+        self.options = options = options or SegmenterOptions()
+        validate_options(options)
+        self._vad = webrtcvad.Vad(options.vad_aggressiveness)
+        self._pre_roll = frame_count(options.pre_roll)
+        self._end_frames = frame_count(options.end_silence)
+        self._post_frames = int(options.post_roll / FRAME_SECONDS + 1e-9)  # at most post_roll
+        self._min_voiced = frame_count(options.min_speech)
+        self._max_frames = int(options.max_segment_seconds / FRAME_SECONDS + 1e-9)
+        self._cut_frames = frame_count(options.cut_search)
+        self._partial_frames = frame_count(options.partial_interval) if options.partial_interval > 0 else 0
+        self._window_frames = min(int(options.partial_window / FRAME_SECONDS + 1e-9), self._max_frames)  # at most
+        # Idle: (frame index, samples, voiced, energy) of the latest frames, for the trigger and the pre-roll.
+        self._ring: collections.deque = collections.deque(maxlen=options.start_window + self._pre_roll)
+        # The open segment, preallocated once: its samples, per-frame voiced flags and RMS energies.
+        self._audio = np.zeros(self._max_frames * VAD_FRAME, np.float32)
+        self._voiced = np.zeros(self._max_frames, bool)
+        self._energy = np.zeros(self._max_frames, np.float32)
+        self._pending = np.zeros(0, np.float32)  # < one frame of samples carried to the next feed
+        self._frames = 0  # frames processed since the stream started
+        self._segment = 0  # number of the next announced segment
+        self._open = False
+        self._finished = False
+        self._partial_due = False
+
+    # -- public ----------------------------------------------------------------------------------------
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of audio processed so far (whole frames)."""
+        return self._frames * FRAME_SECONDS
+
+    def feed(self, samples: np.ndarray) -> list[Event]:
+        """Push float32 [n] samples at SAMPLE_RATE (any n); return the events they complete."""
+        if self._finished:
+            raise RuntimeError("Segmenter.feed() after finish()")
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if self._pending.size:
+            samples = np.concatenate([self._pending, samples])
+        whole = len(samples) // VAD_FRAME * VAD_FRAME
+        self._pending = samples[whole:].copy()
+        frames = samples[:whole].reshape(-1, VAD_FRAME)
+        if not len(frames):
+            return []
+        pcm = np.clip(frames * 32768.0, -32768, 32767).astype("<i2")  # webrtcvad wants int16 bytes
+        energy = np.sqrt(np.mean(np.square(frames, dtype=np.float32), axis=1))
+        events: list[Event] = []
+        self._partial_due = False
+        for i in range(len(frames)):
+            voiced = self._vad.is_speech(pcm[i].tobytes(), SAMPLE_RATE)
+            self._step(frames[i], bool(voiced), float(energy[i]), events)
+        if self._partial_due and self._open and self._confirmed:
+            events.append(self._partial())
+        return events
+
+    def finish(self) -> list[Event]:
+        """End of stream: close the open segment (the sub-frame remainder joins its audio)."""
+        if self._finished:
+            return []
+        self._finished = True
+        events: list[Event] = []
+        if self._open:
+            tail = self._pending[: len(self._audio) - self._n * VAD_FRAME]  # never beyond the limit
+            speaking = self._silence == 0
+            self._close(events, tail=tail if speaking else None)
+        self._pending = np.zeros(0, np.float32)
+        self._ring.clear()
+        return events
+
+    # -- per frame ---------------------------------------------------------------------------------------
+
+    def _step(self, frame: np.ndarray, voiced: bool, energy: float, events: list[Event]) -> None:
+        index = self._frames
+        self._frames += 1
+        if not self._open:
+            self._ring.append((index, frame, voiced, energy))
+            recent = list(self._ring)[-self.options.start_window:]
+            if sum(v for _, _, v, _ in recent) >= self.options.start_frames:
+                self._open_from_ring()
+                self._maybe_confirm(events)
+            return
+        if self._n == self._max_frames:
+            self._at_limit(events)
+            if not self._open:  # the segment ended in a pause: this frame starts the idle path again
+                self._frames -= 1
+                self._step(frame, voiced, energy, events)
+                return
+        self._append(frame, voiced, energy)
+        if voiced:
+            self._silence = 0
+            self._voiced_since_partial = True
+            self._maybe_confirm(events)
+        else:
+            self._silence += 1
+            if self._silence >= self._end_frames:
+                self._close(events)
+                return
+        if self._confirmed and self._partial_frames and self._voiced_since_partial:
+            if self._n - self._last_partial >= self._partial_frames:
+                self._partial_due = True
+
+    def _open_from_ring(self) -> None:
+        ring = list(self._ring)
+        window = ring[-self.options.start_window:]
+        first = next(k for k, (_, _, v, _) in enumerate(window) if v) + len(ring) - len(window)
+        begin = max(0, first - self._pre_roll)
+        self._first_frame = ring[begin][0]  # stream frame index of the segment's audio[0]
+        self._n = 0
+        self._confirmed = False
+        for _, frame, voiced, energy in ring[begin:]:
+            self._append(frame, voiced, energy)
+        self._ring.clear()
+        self._open = True
+        self._reset_segment_state()
+
+    def _reset_segment_state(self) -> None:
+        voiced = np.flatnonzero(self._voiced[: self._n])
+        self._silence = self._n - 1 - int(voiced[-1]) if len(voiced) else self._n
+        self._last_partial = 0
+        self._voiced_since_partial = len(voiced) > 0
+
+    def _append(self, frame: np.ndarray, voiced: bool, energy: float) -> None:
+        self._audio[self._n * VAD_FRAME:(self._n + 1) * VAD_FRAME] = frame
+        self._voiced[self._n] = voiced
+        self._energy[self._n] = energy
+        self._n += 1
+
+    def _maybe_confirm(self, events: list[Event]) -> None:
+        if not self._confirmed and int(self._voiced[: self._n].sum()) >= self._min_voiced:
+            self._confirmed = True
+            events.append(SpeechStarted(self._segment, self._speech_start()))
+
+    # -- times -----------------------------------------------------------------------------------------
+
+    def _time(self, local_frame: int) -> float:
+        """Stream time of the start of the open segment's frame `local_frame`."""
+        return round((self._first_frame + local_frame) * FRAME_SECONDS, 6)  # 0.03 * k is never exact
+
+    def _speech_start(self) -> float:
+        voiced = np.flatnonzero(self._voiced[: self._n])
+        return self._time(int(voiced[0]) if len(voiced) else 0)
+
+    # -- ending and cutting ------------------------------------------------------------------------------
+
+    def _close(self, events: list[Event], tail: np.ndarray | None = None) -> None:
+        """Finish the open segment at its last voiced frame (+ post-roll); drop it if never confirmed."""
+        voiced = np.flatnonzero(self._voiced[: self._n])
+        last = int(voiced[-1]) + 1 if len(voiced) else self._n  # frames up to the end of speech
+        keep = min(self._n, last + self._post_frames)
+        if self._confirmed:
+            audio = self._audio[: keep * VAD_FRAME]
+            end = self._time(last)
+            if tail is not None and len(tail):  # stream ended mid-speech: keep the last few samples too
+                audio = np.concatenate([audio, tail])
+                end += samples_to_seconds(len(tail))
+            events.append(SegmentFinished(self._segment, self._speech_start(), end, audio.copy(), self._time(0)))
+            self._segment += 1
+        self._to_idle()
+
+    def _to_idle(self) -> None:
+        """Seed the ring with the segment's last frames (pre-roll for the next one, never re-triggering it)."""
+        start = max(0, self._n - self._ring.maxlen)
+        for k in range(start, self._n):
+            frame = self._audio[k * VAD_FRAME:(k + 1) * VAD_FRAME].copy()
+            self._ring.append((self._first_frame + k, frame, False, float(self._energy[k])))
+        self._open = False
+        self._partial_due = False  # a tick owed to this segment is not owed to the next one
+
+    def _at_limit(self, events: list[Event]) -> None:
+        """The open segment is full. End it if speech has paused, else cut it at its quietest recent frame."""
+        if self._silence > 0 or not self._confirmed:
+            self._close(events)
+            return
+        lo = self._n - self._cut_frames
+        # The quietest 90 ms (smoothed RMS), the latest one on ties, so segments stay near full length.
+        smooth = np.convolve(self._energy[lo: self._n], np.full(3, 1 / 3, np.float32), mode="same")
+        quiet = self._n - 1 - int(np.argmin(smooth[::-1]))  # the cut falls after this frame
+        head = quiet + 1
+        voiced = np.flatnonzero(self._voiced[:head])
+        end = self._time(int(voiced[-1]) + 1) if len(voiced) else self._time(head)
+        events.append(SegmentFinished(self._segment, self._speech_start(), end,
+                                      self._audio[: head * VAD_FRAME].copy(), self._time(0)))
+        self._segment += 1
+        # The rest becomes the next segment, with no overlap: it was heard once and is decoded once.
+        rest = self._n - head
+        self._audio[: rest * VAD_FRAME] = self._audio[head * VAD_FRAME: self._n * VAD_FRAME]
+        self._voiced[:rest] = self._voiced[head: self._n]
+        self._energy[:rest] = self._energy[head: self._n]
+        self._first_frame += head
+        self._n = rest
+        self._confirmed = False
+        self._partial_due = False
+        self._reset_segment_state()
+        self._maybe_confirm(events)
+
+    # -- partials --------------------------------------------------------------------------------------
+
+    def _partial(self) -> PartialDue:
+        self._last_partial = self._n
+        self._voiced_since_partial = False
+        first = max(0, self._n - self._window_frames)
+        audio = self._audio[first * VAD_FRAME: self._n * VAD_FRAME].copy()
+        start = max(self._speech_start(), self._time(first))
+        return PartialDue(self._segment, start, self._time(self._n), audio, self._time(first))

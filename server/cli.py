@@ -1,0 +1,88 @@
+"""`unipad` / `python -m server`: flags map one to one onto ServerConfig."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from pipeline.errors import UnipadError
+from pipeline.modeldir import read_model_directory
+from pipeline.shapes import parse_containers
+
+from .config import DEFAULT_MODEL_DIR, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+
+EXIT_USAGE = 2
+
+_DEFAULTS = ServerConfig()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = _DEFAULTS
+    p = argparse.ArgumentParser(prog="unipad", description="Unipad ASR: real-time speech recognition server",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model directory (python -m export)")
+    p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or directml (default: $INFERENCE_DEVICE, else auto)")
+    p.add_argument("--precision", default=d.precision, help="auto, fp32, int8 or fp16")
+    p.add_argument("--containers", type=_containers, default=None,
+                   help="container lengths in seconds, e.g. 4,8,15,30 (default: per device)")
+    p.add_argument("--threads", type=int, default=d.threads, help="ONNX Runtime threads (0: one per core)")
+    p.add_argument("--vad-aggressiveness", type=int, default=d.vad_aggressiveness, help="webrtcvad mode 0-3")
+    p.add_argument("--end-silence", type=float, default=d.end_silence, help="seconds of silence that end a segment")
+    p.add_argument("--pre-roll", type=float, default=d.pre_roll, help="seconds kept before speech starts")
+    p.add_argument("--partial-interval", type=float, default=d.partial_interval,
+                   help="seconds of new speech between partial results (0: no partials)")
+    p.add_argument("--partial-window", type=float, default=d.partial_window,
+                   help="partials decode at most this many seconds of the segment's end")
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="concurrent streams (more: close 1013)")
+    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
+                   help="largest WebSocket message (larger: close 1009)")
+    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout, help="close streams silent this long (s)")
+    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
+                   help="on shutdown, seconds open streams get to receive their finals")
+    p.add_argument("--token", default=None, help=f"require this token from clients (default: ${TOKEN_ENV})")
+    p.add_argument("--allowed-origins", default="", help="comma-separated browser origins allowed (default: any)")
+    p.add_argument("--certfile", type=Path, default=None, help="TLS certificate (PEM): serve wss:// and https://")
+    p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
+    p.add_argument("--funasr-port", type=int, default=None, help="also speak the FunASR runtime protocol here")
+    p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS)
+    return p
+
+
+def _containers(text: str) -> tuple[float, ...]:
+    try:
+        return parse_containers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    values["allowed_origins"] = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    return validate_config(config_from_env(ServerConfig(**values)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+    except (ValueError, UnipadError) as exc:
+        print(f"unipad: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .server import Server  # after the checks: --help and bad flags stay instant
+
+    try:
+        return asyncio.run(Server(config).serve())
+    except OSError as exc:  # e.g. the port is taken
+        print(f"unipad: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,108 @@
+"""`ServerConfig`: every server setting, one field per CLI flag, validated in one function.
+
+Cheap to build (no model or socket is touched); `Server(config)` does the expensive work in `serve()`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.engine import PRECISION_CHOICES
+from pipeline.providers import resolve_device
+from pipeline.shapes import ShapePolicy
+from pipeline.segmenter import SegmenterOptions, validate_options
+
+from .protocol import DEFAULT_PORT
+
+# The demo model that ships with the repository (models/demo next to this package).
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+TOKEN_ENV = "UNIPAD_TOKEN"
+_SEGMENTER = SegmenterOptions()  # the segmentation defaults live in pipeline/segmenter.py
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server settings; times are seconds, sizes bytes. Override with `dataclasses.replace`."""
+
+    model: Path = DEFAULT_MODEL_DIR
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0: any free port (tests)
+    device: str | None = None  # auto, cpu, cuda, directml; None: $INFERENCE_DEVICE, else auto (pipeline/providers.py)
+    precision: str = "auto"  # auto (int8 on CPU, fp16 on GPUs, when exported), fp32, int8, fp16
+    containers: tuple[float, ...] | None = None  # container lengths in seconds; None: the engine's default
+    threads: int = 0  # ONNX Runtime intra-op threads; 0: one per physical core
+    vad_aggressiveness: int = _SEGMENTER.vad_aggressiveness  # webrtcvad mode, 0 (least) to 3 (most aggressive)
+    end_silence: float = _SEGMENTER.end_silence  # trailing silence that ends a segment
+    pre_roll: float = _SEGMENTER.pre_roll  # audio kept before the first voiced frame
+    partial_interval: float = _SEGMENTER.partial_interval  # seconds of new audio between partials; 0: none
+    partial_window: float = _SEGMENTER.partial_window  # partials decode at most this much of the segment's tail
+    max_sessions: int = 16  # concurrent streams; more are refused with close 1013
+    max_message_bytes: int = 1 << 20  # largest WebSocket message; larger closes with 1009
+    idle_timeout: float = 60.0  # a stream that sends nothing this long is closed
+    drain_timeout: float = 30.0  # on shutdown, how long open streams get to receive their finals
+    token: str | None = None  # shared secret; None: no authentication (env UNIPAD_TOKEN)
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect; empty: any
+    certfile: Path | None = None  # TLS certificate (PEM); with keyfile, serves wss:// and https://
+    keyfile: Path | None = None
+    funasr_port: int | None = None  # also serve the FunASR runtime protocol on this port (server/funasr.py)
+    log_level: str = "info"
+
+
+def config_from_env(config: ServerConfig) -> ServerConfig:
+    """Fill settings that may come from the environment (the token) when no flag set them."""
+    if config.token is None and os.environ.get(TOKEN_ENV):
+        config = dataclasses.replace(config, token=os.environ[TOKEN_ENV])
+    return config
+
+
+def segmenter_options(config: ServerConfig) -> SegmenterOptions:
+    """The per-stream segmentation settings; post-roll is capped by the end silence it lies in."""
+    return dataclasses.replace(
+        _SEGMENTER,
+        vad_aggressiveness=config.vad_aggressiveness,
+        end_silence=config.end_silence,
+        post_roll=min(_SEGMENTER.post_roll, config.end_silence),
+        pre_roll=config.pre_roll,
+        partial_interval=config.partial_interval,
+        partial_window=config.partial_window,
+    )
+
+
+def validate_config(config: ServerConfig) -> ServerConfig:
+    """Check every field; raise ValueError with a one-line message naming the flag. Returns the config."""
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            raise ValueError(message)
+
+    check(0 <= config.port <= 65535, f"--port must be 0-65535, got {config.port}")
+    check(config.funasr_port is None or 0 <= config.funasr_port <= 65535,
+          f"--funasr-port must be 0-65535, got {config.funasr_port}")
+    resolve_device(config.device)  # ValueError naming --device or INFERENCE_DEVICE
+    check(config.precision in PRECISION_CHOICES,
+          f"--precision must be one of {', '.join(PRECISION_CHOICES)}, got {config.precision!r}")
+    if config.containers is not None:
+        try:
+            ShapePolicy(config.containers)
+        except ValueError as exc:
+            raise ValueError(f"--containers: {exc}") from None
+    check(config.threads >= 0, f"--threads must be >= 0, got {config.threads}")
+    try:
+        validate_options(segmenter_options(config))
+    except ValueError as exc:  # name the flag, not the dataclass field
+        name = str(exc).split(" ", 1)[0]
+        raise ValueError(f"--{name.replace('_', '-')}: {exc}") from None
+    check(config.max_sessions >= 1, f"--max-sessions must be >= 1, got {config.max_sessions}")
+    check(config.max_message_bytes >= 4096, f"--max-message-bytes must be >= 4096, got {config.max_message_bytes}")
+    check(config.idle_timeout > 0, f"--idle-timeout must be > 0 s, got {config.idle_timeout}")
+    check(config.drain_timeout >= 0, f"--drain-timeout must be >= 0 s, got {config.drain_timeout}")
+    check(config.token is None or len(config.token) > 0, "--token must not be empty")
+    check((config.certfile is None) == (config.keyfile is None), "--certfile and --keyfile go together")
+    for name in ("certfile", "keyfile"):
+        path = getattr(config, name)
+        check(path is None or Path(path).is_file(), f"--{name} {path} does not exist")
+    check(config.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+    return config

@@ -1,0 +1,375 @@
+"""One WebSocket stream: client messages -> StreamSession -> worker jobs -> messages back.
+
+The only place where UnipadError becomes a close code. Every failure stays inside its connection: the
+error message is sent first, then the close, and the session's waiting jobs are cancelled.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from pipeline.audio import samples_to_seconds
+from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
+from pipeline.segmenter import PartialDue, SegmentFinished
+from pipeline.stream import StreamSession
+
+from .http import token_matches
+from .protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
+    CLOSE_UNSUPPORTED,
+    MAX_TEXT_MESSAGE,
+    Done,
+    Error,
+    Final,
+    Partial,
+    Ready,
+    Start,
+    Stop,
+    TokenTime,
+    encode,
+    parse_client_message,
+)
+from .worker import FINAL, PARTIAL, Job
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = logging.getLogger(__name__)
+
+# Finals one session may have waiting for or in inference. Beyond it the connection stops reading audio
+# (TCP backpressure) until one is sent, so the worker's finals queue is bounded by sessions x this.
+MAX_FINALS_IN_FLIGHT = 4
+SEND_TIMEOUT = 10.0  # seconds a closing connection waits for its last messages to reach the client
+_ARRIVALS = 1024  # recent (stream seconds, arrival time) pairs kept for the latency metric
+
+# Error code -> close code. Anything else a client did wrong (bad_order, unknown_type, bad_start,
+# unauthorized, idle_timeout) is a policy violation.
+CLOSE_CODES = {
+    "invalid_json": CLOSE_INVALID_PAYLOAD,
+    "invalid_audio": CLOSE_INVALID_PAYLOAD,
+    "unsupported_audio": CLOSE_UNSUPPORTED,
+    "message_too_big": CLOSE_TOO_BIG,
+    "overloaded": CLOSE_TRY_AGAIN,
+    "internal_error": CLOSE_INTERNAL,
+}
+
+
+def close_code(error: UnipadError) -> int:
+    return CLOSE_CODES.get(error.code, CLOSE_POLICY)
+
+
+class _Gone(Exception):
+    """The WebSocket closed while this connection waited for something else."""
+
+
+@dataclass(frozen=True)
+class _Outgoing:
+    message: Any
+    arrived: float | None = None  # set for a segment's final (or its error): end-of-speech arrival time
+
+
+class Outbox:
+    """Messages on their way to one client, sent in order by one task; at most one partial waits.
+
+    Bounded by construction: a session has at most MAX_FINALS_IN_FLIGHT finals plus a few control
+    messages queued; `limit` turns a bug into an error instead of unbounded memory.
+    """
+
+    def __init__(self, limit: int = MAX_FINALS_IN_FLIGHT + 8) -> None:
+        self._items: collections.deque[_Outgoing] = collections.deque()
+        self._partial: Partial | None = None
+        self._wake = asyncio.Event()
+        self._limit = limit
+        self.closed = False  # no more puts; get() returns None once drained
+
+    def put(self, item: _Outgoing) -> None:
+        if len(self._items) >= self._limit:
+            raise RuntimeError(f"outbox over its bound of {self._limit} messages")
+        self._items.append(item)
+        self._wake.set()
+
+    def put_partial(self, partial: Partial) -> bool:
+        """Queue a partial; returns True when it replaced an unsent one."""
+        replaced = self._partial is not None
+        self._partial = partial
+        self._wake.set()
+        return replaced
+
+    def discard_partial(self, segment: int) -> bool:
+        """Drop the waiting partial if it belongs to `segment` or earlier (its final is coming)."""
+        if self._partial is not None and self._partial.segment <= segment:
+            self._partial = None
+            return True
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+    async def get(self) -> _Outgoing | None:
+        while True:
+            if self._items:
+                return self._items.popleft()
+            if self._partial is not None and not self.closed:
+                partial, self._partial = self._partial, None
+                return _Outgoing(partial)
+            if self.closed:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+
+class Connection:
+    """Handles one WebSocket on STREAM_PATH from the handshake to the close."""
+
+    def __init__(self, app: Server, ws: ServerConnection) -> None:
+        self.app = app
+        self.ws = ws
+        self.id = uuid.uuid4().hex[:12]
+        self.start: Start | None = None
+        self.session: StreamSession | None = None
+        self.outbox = Outbox()
+        self._inflight = asyncio.Semaphore(MAX_FINALS_IN_FLIGHT)
+        self._unsent_finals = 0
+        self._finals_sent = asyncio.Event()
+        self._finals_sent.set()
+        self._jobs: set[Job] = set()  # submitted and not yet delivered
+        self._closed_segment = -1  # highest segment whose SegmentFinished has been seen
+        self._segments = 0
+        self._bytes = 0
+        self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
+        self._sender: asyncio.Task[None] | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._sender = asyncio.create_task(self._send_loop())
+        try:
+            self.app.admit(self)
+            try:
+                await self._serve()
+            finally:
+                self.app.release(self)
+        except UnipadError as exc:
+            log.info("session %s: %s (%s)", self.id, exc, exc.code)
+            await self._close(close_code(exc), exc.code, Error(code=exc.code, message=str(exc)))
+        except (ConnectionClosed, _Gone):
+            log.info("session %s: client went away", self.id)
+        except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
+            log.exception("session %s: internal error", self.id)
+            await self._close(CLOSE_INTERNAL, "internal_error",
+                              Error(code="internal_error", message=f"internal error: {type(exc).__name__}"))
+        finally:
+            self._release_jobs()
+            if not self._sender.done():
+                self._sender.cancel()
+
+    async def _serve(self) -> None:
+        first = await self._next_message()
+        if first is None:  # the server is shutting down before this stream started
+            await self._close(CLOSE_GOING_AWAY, "server shutting down")
+            return
+        if isinstance(first, bytes):
+            raise ProtocolError("audio before start: send a start message first", code="bad_order")
+        message = self._parse(first)
+        if isinstance(message, Stop):
+            raise ProtocolError("stop before start: send a start message first", code="bad_order")
+        self._authenticate(message)
+        self.app.engine.language_id(message.language)  # ProtocolError bad_start for a language it lacks
+        self.start = message
+        options = self.app.segmenter_options
+        if not message.partials:  # no partial windows to cut and copy for a client that ignores them
+            options = dataclasses.replace(options, partial_interval=0.0)
+        try:
+            self.session = StreamSession(message.audio_format, options)
+        except AudioFormatError as exc:
+            raise ProtocolError(str(exc), code="unsupported_audio") from None
+        self._put(Ready(session=self.id, model=self.app.model_name, provider=self.app.provider))
+        code = await self._stream()
+        await self._handle(self.session.finish())
+        await self._until_closed(self._finals_sent.wait())
+        self._put(Done(segments=self._segments))
+        await self._close(code, "server shutting down" if code == CLOSE_GOING_AWAY else "")
+
+    async def _stream(self) -> int:
+        """Receive audio until `stop` (returns CLOSE_NORMAL) or server shutdown (CLOSE_GOING_AWAY)."""
+        assert self.session is not None
+        while True:
+            message = await self._next_message()
+            if message is None:
+                return CLOSE_GOING_AWAY
+            if isinstance(message, str):
+                if isinstance(self._parse(message), Stop):
+                    return CLOSE_NORMAL
+                raise ProtocolError("start sent twice: one start per stream", code="bad_order")
+            arrived = time.monotonic()
+            try:
+                events = self.session.feed(message)
+            except AudioFormatError as exc:  # malformed payload (odd length, NaN): 1007, not 1003
+                raise ProtocolError(str(exc), code="invalid_audio") from None
+            self._note_arrival(len(message), arrived)
+            await self._handle(events)
+
+    async def _close(self, code: int, reason: str, error: Error | None = None) -> None:
+        """Send what is queued (plus `error`), then close with `code`."""
+        if error is not None:
+            self._put(error)
+        self.outbox.close()
+        if self._sender is not None:
+            await asyncio.wait({self._sender}, timeout=SEND_TIMEOUT)
+        await self.ws.close(code, reason[:120])
+
+    def _release_jobs(self) -> None:
+        self.app.worker.cancel_session(self.id)
+        for job in self._jobs:
+            job.cancelled = True
+        self._jobs.clear()
+
+    # ---- receiving -----------------------------------------------------------------------------------
+
+    async def _next_message(self) -> str | bytes | None:
+        """The next client message; None when the server starts shutting down; ProtocolError when idle."""
+        recv = asyncio.ensure_future(self.ws.recv())
+        done, _ = await asyncio.wait(
+            {recv, self.app.shutting_down}, timeout=self.app.config.idle_timeout,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if recv in done:
+            return recv.result()
+        recv.cancel()  # safe: websockets keeps the message for the next recv()
+        if self.app.shutting_down.done():
+            return None
+        raise ProtocolError(f"no message for {self.app.config.idle_timeout:g} s", code="idle_timeout")
+
+    def _parse(self, text: str) -> Start | Stop:
+        if len(text) > MAX_TEXT_MESSAGE:
+            raise ProtocolError(
+                f"control message of {len(text)} characters (at most {MAX_TEXT_MESSAGE}); send audio as binary",
+                code="message_too_big",
+            )
+        return parse_client_message(text)
+
+    def _authenticate(self, start: Start) -> None:
+        expected = self.app.config.token
+        if expected is None or getattr(self.ws, "authenticated", False):
+            return
+        if not token_matches(expected, start.token):
+            raise AuthenticationError("missing or wrong token (send it in start, ?token= or Authorization)")
+
+    def _note_arrival(self, nbytes: int, arrived: float) -> None:
+        assert self.start is not None
+        fmt = self.start.audio_format
+        self._bytes += nbytes
+        self._arrivals.append((self._bytes / (fmt.bytes_per_frame * fmt.sample_rate), arrived))
+
+    def _speech_end_arrival(self, end: float) -> float:
+        """When the audio at stream time `end` reached the server (the oldest kept, if it is older)."""
+        while len(self._arrivals) > 1 and self._arrivals[0][0] < end:
+            self._arrivals.popleft()
+        return self._arrivals[0][1] if self._arrivals else time.monotonic()
+
+    async def _until_closed(self, awaitable: Awaitable[Any]) -> Any:
+        """Await `awaitable` unless the WebSocket closes first (then raise _Gone)."""
+        task = asyncio.ensure_future(awaitable)
+        closed = asyncio.ensure_future(self.ws.wait_closed())
+        await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
+        closed.cancel()
+        if not task.done():
+            task.cancel()
+            raise _Gone()
+        return task.result()
+
+    # ---- segments and jobs ---------------------------------------------------------------------------
+
+    async def _handle(self, events: list[Any]) -> None:
+        assert self.start is not None
+        for event in events:
+            if isinstance(event, SegmentFinished):
+                self._closed_segment = event.segment
+                if self.outbox.discard_partial(event.segment):
+                    self.app.metrics.partials_dropped.inc()
+                self._segments += 1
+                if self._inflight.locked():  # backpressure: stop reading until a final is sent
+                    await self._until_closed(self._inflight.acquire())
+                else:
+                    await self._inflight.acquire()
+                self._unsent_finals += 1
+                self._finals_sent.clear()
+                self._submit(event, FINAL, arrived=self._speech_end_arrival(event.end))
+            elif isinstance(event, PartialDue):
+                self._submit(event, PARTIAL)
+            # SpeechStarted has no message of its own: the first partial shows the segment.
+
+    def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
+        assert self.start is not None
+        job = Job(
+            session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
+            audio_start=event.audio_start, audio=event.audio, deliver=self._on_result,
+            language=self.start.language, itn=self.start.itn, arrived=arrived,
+        )
+        self._jobs.add(job)
+        self.app.worker.submit(job)
+
+    def _on_result(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
+        """Called on the event loop by the worker with one job's result."""
+        self._jobs.discard(job)
+        if job.cancelled:
+            return
+        if job.kind == PARTIAL:
+            if error is not None or job.segment <= self._closed_segment:
+                self.app.metrics.partials_dropped.inc()  # stale: the segment's final is on its way
+                return
+            if self.outbox.put_partial(Partial(job.segment, transcript.text, job.start, job.end)):
+                self.app.metrics.partials_dropped.inc()
+            return
+        if error is not None:
+            message: Any = Error(code=error.code, message=str(error), segment=job.segment)
+        else:
+            message = Final(
+                segment=job.segment, text=transcript.text, start=job.start, end=job.end,
+                language=transcript.language, emotion=transcript.emotion, event=transcript.event,
+                tokens=[TokenTime(t.text, t.start, t.end) for t in transcript.tokens],
+            )
+        self._put(message, arrived=job.arrived)
+
+    # ---- sending -------------------------------------------------------------------------------------
+
+    def _put(self, message: Any, arrived: float | None = None) -> None:
+        self.outbox.put(_Outgoing(message, arrived))
+
+    async def _send_loop(self) -> None:
+        metrics = self.app.metrics
+        try:
+            while (item := await self.outbox.get()) is not None:
+                await self.ws.send(encode(item.message))
+                if isinstance(item.message, Error):
+                    metrics.errors.labels(item.message.code).inc()
+                elif isinstance(item.message, Partial):
+                    metrics.partials.inc()
+                if item.arrived is not None:  # a segment's final or its inference error
+                    metrics.segments.inc()
+                    metrics.final_latency.observe(time.monotonic() - item.arrived)
+                    self._final_done()
+        except ConnectionClosed:
+            pass
+
+    def _final_done(self) -> None:
+        self._unsent_finals -= 1
+        self._inflight.release()
+        if self._unsent_finals == 0:
+            self._finals_sent.set()

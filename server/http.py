@@ -1,0 +1,99 @@
+"""Plain HTTP on the WebSocket port: health, readiness, metrics and the browser page.
+
+`process_request` is websockets' hook that runs before the opening handshake: it answers HTTP paths
+itself and returns None for the stream path, which then becomes a WebSocket (after the token check).
+"""
+from __future__ import annotations
+
+import email.utils
+import hmac
+import http
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from .protocol import STREAM_PATH
+
+if TYPE_CHECKING:
+    from .server import Server
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "clients" / "static"
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+}
+_STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one path component, no traversal
+
+
+def response(status: int, body: bytes | str, content_type: str = "text/plain; charset=utf-8") -> Response:
+    """A complete HTTP response (websockets closes the TCP connection after it)."""
+    if isinstance(body, str):
+        body = body.encode()
+    status = http.HTTPStatus(status)
+    headers = Headers([
+        ("Date", email.utils.formatdate(usegmt=True)),
+        ("Connection", "close"),
+        ("Content-Length", str(len(body))),
+        ("Content-Type", content_type),
+        ("Cache-Control", "no-store"),
+    ])
+    return Response(status.value, status.phrase, headers, body)
+
+
+def json_response(status: int, data: dict[str, Any]) -> Response:
+    return response(status, json.dumps(data) + "\n", "application/json")
+
+
+def request_token(request: Request) -> str | None:
+    """The token a client sent with the handshake: `Authorization: Bearer …` or `?token=…`."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    values = parse_qs(urlsplit(request.path).query).get("token")
+    return values[0] if values else None
+
+
+def token_matches(expected: str, given: str | None) -> bool:
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
+
+
+def static_file(path: str) -> Response:
+    """`/` is index.html; `/static/<name>` a file of clients/static with a known type; anything else 404."""
+    name = "index.html" if path == "/" else path[len("/static/"):] if path.startswith("/static/") else None
+    file = STATIC_DIR / name if name and _STATIC_NAME.match(name) else None
+    content_type = CONTENT_TYPES.get(file.suffix) if file is not None else None
+    if file is None or content_type is None or not file.is_file():
+        return response(404, f"not found: {path}\n")
+    return response(200, file.read_bytes(), content_type)
+
+
+def process_request(app: Server, connection: ServerConnection, request: Request) -> Response | None:
+    """Route one handshake request: answer HTTP, or return None to accept the WebSocket."""
+    path = urlsplit(request.path).path
+    if path == STREAM_PATH:
+        if app.config.token is not None:
+            given = request_token(request)
+            # No token in the handshake is allowed (browsers cannot set headers): `start` may carry it.
+            if given is not None and not token_matches(app.config.token, given):
+                app.metrics.sessions_refused.labels("unauthorized").inc()
+                return response(401, "unauthorized: wrong token\n")
+            connection.authenticated = given is not None  # type: ignore[attr-defined]
+        return None
+    if path == "/healthz":
+        return response(200, "ok\n")
+    if path == "/readyz":
+        status, body = app.readiness()
+        return json_response(status, body)
+    if path == "/metrics":
+        body, content_type = app.metrics.render()
+        return response(200, body, content_type)
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH}\n")
+    return static_file(path)

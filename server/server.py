@@ -1,0 +1,236 @@
+"""`Server(config)`: startup, serving, graceful shutdown. WebSocket and HTTP share one port.
+
+    startup    listen at once (so /healthz answers), load and warm the engine on the worker thread
+    serve      until SIGINT/SIGTERM (or `request_shutdown()`)
+    shutdown   stop accepting; every open stream stops reading, gets the finals of the audio it already
+               sent, `done`, and a 1001 close; after drain_timeout the rest are closed.
+               A second signal skips the waiting.
+Signal handlers only set flags and events; everything else happens in `serve()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+import ssl
+import threading
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection, serve
+
+from pipeline.engine import Engine, EngineOptions
+from pipeline.errors import OverloadError
+from pipeline.modeldir import read_model_directory
+from pipeline.providers import resolve_device
+
+from .config import ServerConfig, segmenter_options
+from .connection import MAX_FINALS_IN_FLIGHT, Connection
+from .http import process_request
+from .metrics import Metrics
+from .protocol import STREAM_PATH
+from .worker import Worker
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_LOAD_FAILED = 1
+KEEPALIVE_INTERVAL = 20.0  # seconds between server pings; a peer that misses one for as long is dropped
+
+
+def engine_options(config: ServerConfig) -> EngineOptions:
+    return EngineOptions(device=resolve_device(config.device), precision=config.precision,
+                         containers=config.containers, threads=config.threads)
+
+
+class Server:
+    """One listening port (plus the FunASR adapter's when configured), one engine, one worker thread."""
+
+    def __init__(self, config: ServerConfig, engine: Any = None) -> None:
+        """`engine`: an already built (not yet loaded) engine; default: Engine(config.model, ...)."""
+        self.config = config
+        self.metrics = Metrics()
+        self.segmenter_options = segmenter_options(config)
+        self.engine = engine
+        self.model_name = read_model_directory(config.model).manifest.name
+        self.worker: Worker | None = None
+        self.connections: set[Connection] = set()
+        self.port: int | None = None  # the bound port, once listening (config.port may be 0)
+        self.listening = asyncio.Event()  # set once the port is bound
+        self.shutting_down: asyncio.Future[None]  # done when shutdown begins; connections wait on it
+        self.exit_code = EXIT_OK
+        self._should_exit = asyncio.Event()
+        self._force_exit = asyncio.Event()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._listeners: list[Any] = []
+
+    # ---- state the HTTP endpoints and connections read -----------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        w = self.worker
+        return w is not None and w.ready.done() and w.ready.exception() is None
+
+    @property
+    def provider(self) -> str:
+        return self.engine.provider if self.ready else "loading"
+
+    def readiness(self) -> tuple[int, dict[str, Any]]:
+        """/readyz: 503 while warming up, shutting down or full; else 200. Always JSON."""
+        body: dict[str, Any] = {"sessions": len(self.connections), "max_sessions": self.config.max_sessions}
+        if not self.ready:
+            return 503, {"status": "warming_up", **body}
+        body |= {"provider": self.engine.provider, "containers": list(self.engine.containers),
+                 "queue": self.worker.depth}
+        if self._should_exit.is_set():
+            return 503, {"status": "shutting_down", **body}
+        if len(self.connections) >= self.config.max_sessions:
+            return 503, {"status": "saturated", **body}
+        return 200, {"status": "ready", **body}
+
+    def admit(self, connection: Connection) -> None:
+        """Count a new stream in, or raise OverloadError (warming up or full): the client may retry."""
+        if not self.ready:
+            self.metrics.sessions_refused.labels("warming_up").inc()
+            raise OverloadError("the server is still loading its model; retry in a few seconds")
+        if len(self.connections) >= self.config.max_sessions:
+            self.metrics.sessions_refused.labels("full").inc()
+            raise OverloadError(f"server full ({self.config.max_sessions} streams); retry later")
+        self.connections.add(connection)
+        self.metrics.sessions_total.inc()
+        self.metrics.sessions_active.set(len(self.connections))
+
+    def release(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        self.metrics.sessions_active.set(len(self.connections))
+
+    # ---- run -----------------------------------------------------------------------------------------
+
+    async def serve(self, install_signal_handlers: bool = True) -> int:
+        """Run until shutdown; returns the process exit code."""
+        if install_signal_handlers:
+            self._install_signal_handlers()
+        await self.startup()
+        try:
+            await self._main_loop()
+        finally:
+            await self.shutdown()
+        return self.exit_code
+
+    async def startup(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.shutting_down = loop.create_future()
+        if self.engine is None:
+            self.engine = Engine(self.config.model, engine_options(self.config))
+        self.worker = Worker(self.engine, loop, self.metrics,
+                             max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT)
+        self.worker.ready.add_done_callback(self._on_ready)
+        self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
+        server = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            process_request=functools.partial(process_request, self),
+            max_size=self.config.max_message_bytes,
+            origins=[*self.config.allowed_origins, None] if self.config.allowed_origins else None,
+            ssl=self._ssl_context(),
+            ping_interval=KEEPALIVE_INTERVAL,
+            ping_timeout=KEEPALIVE_INTERVAL,
+        )
+        self._listeners.append(server)
+        self.port = server.sockets[0].getsockname()[1]
+        scheme = "wss" if self.config.certfile else "ws"
+        log.info("listening on %s://%s:%d%s (model %s, loading)", scheme, self.config.host, self.port,
+                 STREAM_PATH, self.model_name)
+        if self.config.funasr_port is not None:
+            self._listeners.append(await self._start_funasr())
+        self.listening.set()
+
+    async def _start_funasr(self) -> Any:
+        """Hook for the FunASR runtime protocol adapter: server/funasr.py provides
+        `async def start(app: Server, host: str, port: int, ssl: SSLContext | None) -> websockets Server`,
+        reusing this server's worker, admission control and metrics."""
+        from . import funasr  # imported only when asked for
+
+        return await funasr.start(self, self.config.host, self.config.funasr_port, self._ssl_context())
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.config.certfile is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.config.certfile, self.config.keyfile)
+        return context
+
+    def _on_ready(self, future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            log.error("could not load the model: %s", future.exception())
+            self.exit_code = EXIT_LOAD_FAILED
+            self._should_exit.set()
+            return
+        self.metrics.ready.set(1)
+        log.info("ready: provider %s, containers %s s", self.engine.provider,
+                 ", ".join(f"{c:g}" for c in self.engine.containers))
+
+    async def _main_loop(self) -> None:
+        await self._should_exit.wait()
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await Connection(self, ws).run()
+        finally:
+            self._handlers.discard(task)
+
+    # ---- shutdown ------------------------------------------------------------------------------------
+
+    @property
+    def shutdown_requested(self) -> bool:
+        return self._should_exit.is_set()
+
+    def request_shutdown(self) -> None:
+        """Begin a graceful shutdown; called a second time, skip the waiting (what signals do)."""
+        if self._should_exit.is_set():
+            self._force_exit.set()
+        self._should_exit.set()
+
+    async def shutdown(self) -> None:
+        self._should_exit.set()
+        for listener in self._listeners:
+            listener.server.close()  # stop accepting; handshakes still in progress get HTTP 503
+        if self._handlers:
+            log.info("shutting down: finishing %d stream(s)", len(self._handlers))
+        if not self.shutting_down.done():
+            self.shutting_down.set_result(None)
+        await self._wait(set(self._handlers), self.config.drain_timeout)
+        for listener in self._listeners:
+            listener.close()  # 1001 for whatever is still open
+        await self._wait({asyncio.ensure_future(listener.wait_closed()) for listener in self._listeners}, 5.0)
+        if self.worker is not None:
+            self.worker.stop(timeout=0 if self._force_exit.is_set() else 5.0)
+        self.metrics.ready.set(0)
+        log.info("stopped")
+
+    async def _wait(self, tasks: set[asyncio.Future[Any]], timeout: float) -> None:
+        """Wait for all `tasks` up to `timeout` seconds, or until a forced exit."""
+        if not tasks or self._force_exit.is_set():
+            return
+        force = asyncio.ensure_future(self._force_exit.wait())
+        every = asyncio.ensure_future(asyncio.wait(tasks))
+        await asyncio.wait({force, every}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        force.cancel()
+        every.cancel()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals can only be handled on the main thread (e.g. a server run from a test thread)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.request_shutdown)
+            except NotImplementedError:  # Windows: no loop signal handlers
+                signal.signal(sig, lambda *_: loop.call_soon_threadsafe(self.request_shutdown))
+

@@ -1,0 +1,194 @@
+"""The one inference thread: loads and warms the engine, then runs jobs the event loop hands it.
+
+Inference never runs on the event loop, so keepalive pings and other sessions' I/O keep flowing while a
+segment is decoded. Scheduling, all under one lock:
+  * finals first, in arrival order across sessions (so each session's finals come back in order);
+  * at most one pending partial per session: a newer partial replaces the waiting one, a final for the
+    same segment discards it; partials run only when no final waits, oldest session first;
+  * a final is never dropped; the connection bounds how many finals one session may have in flight,
+    so the finals queue is bounded by sessions x that bound.
+Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from pipeline.audio import samples_to_seconds
+from pipeline.errors import InferenceError, OverloadError, UnipadError
+
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+FINAL = "final"
+PARTIAL = "partial"
+
+
+@dataclass(eq=False)
+class Job:
+    """One model run for one session.
+
+    `audio` is float32 mono at SAMPLE_RATE whose first sample is at stream second `audio_start`; the
+    speech (or partial window) spans stream seconds [start, end]. `arrived` is the monotonic time the
+    segment's end-of-speech audio reached the server (finals only; for the latency metric).
+    `deliver(job, transcript, error)` is called on the event loop with exactly one of the two set.
+    """
+
+    session: str
+    kind: str  # FINAL or PARTIAL
+    segment: int
+    start: float
+    end: float
+    audio_start: float
+    audio: np.ndarray
+    deliver: Callable[["Job", Any, UnipadError | None], None]
+    language: str = "auto"
+    itn: bool = False
+    arrived: float = 0.0
+    cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class Worker:
+    """Owns the engine and the thread that calls it. `start()` begins loading; await `ready`."""
+
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, max_finals: int) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.metrics = metrics
+        self.max_finals = max_finals
+        self.ready: asyncio.Future[None] = loop.create_future()  # done (or failed) once warmed up
+        self._cond = threading.Condition()
+        self._finals: deque[Job] = deque()
+        self._partials: OrderedDict[str, Job] = OrderedDict()  # session -> its one pending partial
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="unipad-worker", daemon=True)
+
+    # ---- event-loop side -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job (never blocks). A final evicts its segment's pending partial."""
+        with self._cond:
+            if job.kind == FINAL:
+                if len(self._finals) >= self.max_finals:
+                    # Unreachable while connections respect their per-session bound; fail loudly, not silently.
+                    raise OverloadError(f"inference queue full ({self.max_finals} finals waiting)")
+                pending = self._partials.get(job.session)
+                if pending is not None and pending.segment <= job.segment:
+                    del self._partials[job.session]
+                    self.metrics.partials_dropped.inc()
+                self._finals.append(job)
+            else:
+                if job.session in self._partials:
+                    self.metrics.partials_dropped.inc()
+                self._partials[job.session] = job  # a replacement keeps the session's place in line
+            self._update_depth()
+            self._cond.notify()
+
+    def cancel_session(self, session: str) -> None:
+        """Forget a session's waiting jobs (its connection is gone); a running one is marked and discarded."""
+        with self._cond:
+            self._partials.pop(session, None)
+            for job in self._finals:
+                if job.session == session:
+                    job.cancelled = True
+            self._finals = deque(j for j in self._finals if not j.cancelled)
+            self._update_depth()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the job now running; waiting jobs are abandoned (connections are closed by then)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive() and timeout != 0:
+            self._thread.join(timeout)
+
+    @property
+    def depth(self) -> int:
+        with self._cond:
+            return len(self._finals) + len(self._partials)
+
+    # ---- worker thread -------------------------------------------------------------------------------
+
+    def _update_depth(self) -> None:
+        self.metrics.queue_depth.labels(FINAL).set(len(self._finals))
+        self.metrics.queue_depth.labels(PARTIAL).set(len(self._partials))
+
+    def _call_loop(self, callback: Callable[..., Any], *args: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop closed under us (forced exit): nobody is waiting any more
+            pass
+
+    def _run(self) -> None:
+        try:
+            self.engine.load()
+        except BaseException as exc:  # noqa: BLE001 - reported to the loop, which decides to exit
+            log.error("model load failed: %s", exc)
+            self._call_loop(_set_exception, self.ready, exc)
+            return
+        self._update_unwarmed()
+        self._call_loop(_set_result, self.ready)
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            self._execute(job)
+
+    def _next_job(self) -> Job | None:
+        with self._cond:
+            while not self._stopping and not self._finals and not self._partials:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            job = self._finals.popleft() if self._finals else self._partials.popitem(last=False)[1]
+            self._update_depth()
+            return job
+
+    def _execute(self, job: Job) -> None:
+        if job.cancelled:
+            return
+        began = time.perf_counter()
+        transcript, error = None, None
+        try:
+            transcript = self.engine.transcribe(job.audio, language=job.language, itn=job.itn,
+                                                offset=job.audio_start)
+        except UnipadError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - one bad segment must not stop the worker
+            log.exception("inference failed (session %s, segment %d)", job.session, job.segment)
+            error = InferenceError(f"inference failed: {type(exc).__name__}: {exc}", segment=job.segment)
+        self.metrics.inference_seconds.labels(job.kind).observe(time.perf_counter() - began)
+        self.metrics.audio_seconds.labels(job.kind).inc(samples_to_seconds(len(job.audio)))
+        self._update_unwarmed()
+        if not job.cancelled:
+            self._call_loop(job.deliver, job, transcript, error)
+
+    def _update_unwarmed(self) -> None:
+        self.metrics.unwarmed_shape_calls.set(unwarmed_shape_calls(self.engine))
+
+
+def unwarmed_shape_calls(engine: Any) -> int:
+    """The engine's count of runs at a shape no session was warmed with."""
+    return int(engine.stats.unwarmed_calls)
+
+
+def _set_result(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _set_exception(future: asyncio.Future[None], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,119 @@
+"""clients/file.py as a user runs it (a subprocess) against a real server: every format, every failure."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import numpy as np
+import pytest
+import soundfile
+import soxr
+from client_testkit import ROOT, assert_one_line_error, knows_words, normalise, run_script
+from subtitle_validator import parse_srt, parse_vtt
+
+from pipeline.audio import SAMPLE_RATE
+from server.protocol import Final, parse_server_message
+
+FIXTURE = str(ROOT / "tests" / "fixtures" / "three_utterances.wav")
+TEXT_LINE = re.compile(r"\[(\d\d:\d\d:\d\d\.\d{3}) --> (\d\d:\d\d:\d\d\.\d{3})\] (\S.*)")
+
+
+def finals_of(jsonl: str) -> list[Final]:
+    finals = [parse_server_message(line) for line in jsonl.splitlines()]
+    assert all(isinstance(f, Final) for f in finals)
+    return finals  # type: ignore[return-value]
+
+
+async def test_every_format(serve_test_server, speech, test_model_dir, tmp_path):
+    async with serve_test_server() as url:
+        jsonl = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--format", "jsonl")
+        assert jsonl.returncode == 0, jsonl.stderr
+        finals = finals_of(jsonl.stdout)
+        assert [f.segment for f in finals] == list(range(len(speech.utterances)))
+        spoken = [f for f in finals if f.text.strip()]
+
+        text = await run_script("-m", "clients.file", FIXTURE, "--url", url, "--fast")  # module mode, text
+        assert text.returncode == 0, text.stderr
+        assert "\r" not in text.stdout and "\033" not in text.stdout  # no live partials when not a TTY
+        lines = [TEXT_LINE.fullmatch(line) for line in text.stdout.splitlines()]
+        assert all(lines) and len(lines) == len(spoken), text.stdout
+
+        out = {}
+        for fmt in ("srt", "vtt"):
+            path = tmp_path / f"out.{fmt}"
+            run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--format", fmt,
+                                   "--output", str(path))
+            assert run.returncode == 0 and run.stdout == "", run
+            out[fmt] = path.read_text(encoding="utf-8")
+    srt, vtt = parse_srt(out["srt"]), parse_vtt(out["vtt"])
+    assert len(srt) == len(vtt) >= len(spoken)  # long finals may be split at word times
+    assert [(c.start, c.end, c.text) for c in srt] == [(c.start, c.end, c.text) for c in vtt]
+    for cue in srt:
+        assert 0 <= cue.start < cue.end <= speech.duration + 0.1
+    if knows_words(test_model_dir):
+        expected = [normalise(u["text"]) for u in speech.utterances]
+        assert [normalise(f.text) for f in finals] == expected
+        assert [normalise(m.group(3)) for m in lines] == expected
+        assert normalise(" ".join(c.text for c in srt)) == " ".join(expected)
+
+
+async def test_real_time_pace_and_a_stereo_44k_flac(serve_test_server, speech, tmp_path):
+    """Not --fast: sent at the pace of the audio (1.2 s here); a stereo 44.1 kHz FLAC is downmixed."""
+    clip = speech.audio[int(0.3 * SAMPLE_RATE):int(2.5 * SAMPLE_RATE)]  # the first utterance
+    audio44 = soxr.resample(clip, SAMPLE_RATE, 44100)
+    path = tmp_path / "stereo.flac"
+    soundfile.write(path, np.stack([audio44, audio44 * 0.5], axis=1), 44100)
+    async with serve_test_server() as url:
+        run = await run_script("clients/file.py", str(path), "--url", url, "--format", "jsonl")
+    assert run.returncode == 0, run.stderr
+    assert [f.segment for f in finals_of(run.stdout)] == [0]
+
+
+async def test_wrong_token(serve_test_server):
+    async with serve_test_server(token="sesame") as url:
+        run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--token", "wrong")
+        assert_one_line_error(run, "401")
+        run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast")  # none: refused at start
+        assert_one_line_error(run, "unauthorized")
+        ok = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--token", "sesame")
+        assert ok.returncode == 0, ok.stderr
+
+
+async def test_server_error_is_one_line(serve_test_server):
+    async with serve_test_server() as url:  # a language the model does not know: `error` bad_start
+        run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--language", "klingon")
+    assert_one_line_error(run, "bad_start", "klingon")
+
+
+async def test_unreachable_server():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = await run_script("clients/file.py", FIXTURE, "--url", f"ws://127.0.0.1:{port}/v1/stream")
+    assert_one_line_error(run, "cannot connect", str(port))
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("missing.wav", None, "no such file"),
+    ("noise.wav", b"this is not audio at all\n" * 10, "cannot read audio"),
+    ("empty.wav", "EMPTY", "no audio"),
+    ("zero.wav", b"", "cannot read audio"),
+])
+async def test_bad_input_file(tmp_path, name: str, content: bytes | str | None, says: str):
+    path = tmp_path / name
+    if content == "EMPTY":
+        soundfile.write(path, np.zeros(0, np.float32), SAMPLE_RATE)  # a valid WAV with no samples
+    elif content is not None:
+        path.write_bytes(content)
+    # The URL is never dialled: the file is checked first.
+    run = await run_script("clients/file.py", str(path), "--url", "ws://127.0.0.1:9/v1/stream")
+    assert_one_line_error(run, says)
+
+
+async def test_jsonl_lines_are_protocol_messages(serve_test_server, speech):
+    async with serve_test_server() as url:
+        run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--format", "jsonl")
+    for line in run.stdout.splitlines():
+        data = json.loads(line)
+        assert data["type"] == "final" and {"segment", "text", "start", "end"} <= set(data)

@@ -1,0 +1,141 @@
+"""Fixtures shared by the whole suite. Keep this small: helpers of one test module live in that module."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from pipeline.audio import SAMPLE_RATE
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@dataclass(frozen=True)
+class Speech:
+    """tests/fixtures/three_utterances.wav: float32 [n] at SAMPLE_RATE, and where its speech is (seconds)."""
+
+    audio: np.ndarray
+    utterances: list[dict]  # {"text", "start", "end"} per utterance, in order
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+@pytest.fixture(scope="session")
+def speech() -> Speech:
+    audio, rate = soundfile.read(FIXTURES / "three_utterances.wav", dtype="float32")
+    assert rate == SAMPLE_RATE
+    sidecar = json.loads((FIXTURES / "three_utterances.json").read_text(encoding="utf-8"))
+    audio.setflags(write=False)  # shared by every test: nobody may modify it
+    return Speech(audio=audio, utterances=sidecar["speech"])
+
+
+# ---- a real server for end-to-end tests (server helper) ------------------------------------------------
+# Usage, in any test module (no import needed):
+#
+#     async def test_something(serve_test_server):
+#         async with serve_test_server(partial_interval=0.3) as url:   # ServerConfig overrides
+#             async with websockets.connect(url) as ws: ...            # url: ws://127.0.0.1:PORT/v1/stream
+#             url.http          # "http://127.0.0.1:PORT" for /healthz, /readyz, /metrics, the page
+#             url.server        # the running server.server.Server (metrics, config, engine)
+#
+# The model is `test_model_dir`: $UNIPAD_TEST_MODEL if set, else the shipped demo model (models/demo)
+# when it exists, else the tiny graph of tests/fixtures/tiny_graph.py (real ONNX Runtime, garbage text,
+# real segmentation and protocol behaviour).
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import os  # noqa: E402
+from typing import Any, AsyncIterator  # noqa: E402
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "models" / "demo"
+
+
+class TestServerURL(str):
+    """The stream URL of a running test server (a str), plus `.http`, `.port` and `.server`."""
+
+    __test__ = False  # not a test class, whatever pytest thinks of its name
+    http: str
+    port: int
+    server: Any
+
+
+@contextlib.asynccontextmanager
+async def serve_test_server(model: Path, engine: Any = None, wait_ready: bool = True,
+                            **overrides: Any) -> AsyncIterator[TestServerURL]:
+    """Run a real Server on 127.0.0.1 at a free port in this event loop; yield its URL; shut it down.
+
+    `overrides` are ServerConfig fields. `engine`: a built, unloaded engine to use instead of the default
+    one (e.g. one whose load() waits, to watch /readyz before warm-up). With `wait_ready`, the model is
+    loaded and warmed before the block runs. On exit the server drains gracefully, as on SIGTERM.
+    """
+    import asyncio
+
+    from server.config import ServerConfig, validate_config
+    from server.protocol import STREAM_PATH
+    from server.server import Server
+
+    config = validate_config(dataclasses.replace(ServerConfig(), model=Path(model), port=0, **overrides))
+    server = Server(config, engine=engine)
+    task = asyncio.ensure_future(server.serve(install_signal_handlers=False))
+    listening = asyncio.ensure_future(server.listening.wait())
+    await asyncio.wait({task, listening}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():  # failed before binding the port
+        listening.cancel()
+        task.result()
+    if wait_ready:
+        await asyncio.wait({task, server.worker.ready}, return_when=asyncio.FIRST_COMPLETED)
+        server.worker.ready.result()  # raise the load error, if any
+    url = TestServerURL(f"ws://127.0.0.1:{server.port}{STREAM_PATH}")
+    url.http, url.port, url.server = f"http://127.0.0.1:{server.port}", server.port, server
+    try:
+        yield url
+    finally:
+        if not server.shutdown_requested:  # a test may have begun the shutdown itself
+            server.request_shutdown()
+        await task
+
+
+@pytest.fixture(scope="session")
+def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model directory the end-to-end tests serve (see above)."""
+    if os.environ.get("UNIPAD_TEST_MODEL"):
+        return Path(os.environ["UNIPAD_TEST_MODEL"])
+    if (DEMO_MODEL / "manifest.json").is_file():
+        return DEMO_MODEL
+    from fixtures.tiny_graph import write_tiny_model_dir
+
+    return write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(name="serve_test_server")
+def _serve_test_server_fixture(test_model_dir: Path) -> Any:
+    """`serve_test_server` with the suite's model as the default."""
+
+    def start(model: Path | None = None, **kwargs: Any) -> Any:
+        return serve_test_server(model or test_model_dir, **kwargs)
+
+    return start
+
+
+# ---- a tiny exported SenseVoice (engine helper) --------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SenseVoice model directory with seeded random tiny weights (fp32 and int8), written once per test
+    session by the real exporter, `python -m export sensevoice --random-init tiny` (about 15 s on 2 cores).
+    Garbage text, but the real graph: frontend, prompt rows, padding behaviour."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("exported") / "sensevoice-tiny"
+    command = [sys.executable, "-m", "export", "sensevoice", "--random-init", "tiny", "--out", str(out)]
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(command[1:])} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return out

@@ -1,0 +1,169 @@
+"""Plain HTTP on the stream port: /healthz, /readyz, /metrics and the browser page."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.engine import Engine, EngineOptions
+from server.http import STATIC_DIR
+from server.protocol import CLOSE_TRY_AGAIN
+from server_testkit import http_get, run_stream, send_and_collect
+
+
+class GatedEngine(Engine):
+    """The real engine, whose load() waits for the test to open the gate (to watch the warm-up phase)."""
+
+    gate = threading.Event()
+
+    def load(self, warm_up: bool = True) -> Engine:
+        assert self.gate.wait(60)
+        return super().load(warm_up)
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one unlabelled sample in Prometheus text format."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+async def test_readyz_is_503_until_warmed_up_while_healthz_answers(serve_test_server, test_model_dir):
+    engine = GatedEngine(test_model_dir, EngineOptions(device="cpu"))
+    engine.gate = threading.Event()
+    async with serve_test_server(engine=engine, wait_ready=False) as url:
+        status, _, body = await http_get(url.http, "/healthz")
+        assert status == 200
+        status, headers, body = await http_get(url.http, "/readyz")
+        assert status == 503
+        assert headers["content-type"] == "application/json"
+        assert json.loads(body)["status"] == "warming_up"
+        early = await send_and_collect(url, ['{"type": "start"}'])
+        assert [m["code"] for m in early.messages] == ["overloaded"]
+        assert early.close_code == CLOSE_TRY_AGAIN
+
+        engine.gate.set()
+        await url.server.worker.ready
+        status, _, body = await http_get(url.http, "/readyz")
+        ready = json.loads(body)
+    assert status == 200
+    assert ready["status"] == "ready"
+    assert ready["provider"] == "CPUExecutionProvider"
+    assert ready["containers"] == list(engine.containers)
+    assert ready["sessions"] == 0
+
+
+async def test_readyz_is_503_when_saturated(serve_test_server):
+    import websockets
+
+    async with serve_test_server(max_sessions=1) as url:
+        async with websockets.connect(url) as ws:
+            await ws.send('{"type": "start"}')
+            await ws.recv()
+            status, _, body = await http_get(url.http, "/readyz")
+            assert status == 503
+            assert json.loads(body)["status"] == "saturated"
+            await ws.send('{"type": "stop"}')
+            await ws.recv()
+
+
+async def test_metrics_and_no_unwarmed_shapes_across_segment_lengths(serve_test_server, speech):
+    """Segments from 1 s to 12 s (every CPU container) and their partials all run on warmed shapes."""
+    u = speech.utterances
+    word = speech.audio[int(u[1]["start"] * SAMPLE_RATE):int(u[1]["end"] * SAMPLE_RATE)]  # ~1.7 s of speech
+    gap = np.zeros(SAMPLE_RATE, np.float32)
+    pieces = [gap]
+    for repeats in (1, 2, 4, 7):
+        pieces += [np.tile(word, repeats), gap]
+    async with serve_test_server(partial_interval=0.5) as url:
+        result = await run_stream(url, np.concatenate(pieces))
+        status, headers, body = await http_get(url.http, "/metrics")
+        engine_calls = url.server.engine.stats.calls
+    text = body.decode()
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert len(result.of("final")) == 4
+    assert [f["end"] - f["start"] > 1.0 * n for f, n in zip(result.of("final"), (1, 2, 4, 7))] == [True] * 4
+    assert metric(text, "unipad_unwarmed_shape_calls") == 0
+    assert metric(text, "unipad_segments_total") == 4
+    assert metric(text, "unipad_final_latency_seconds_count") == 4
+    assert metric(text, "unipad_sessions_total") == 1
+    assert metric(text, "unipad_sessions_active") == 0
+    assert metric(text, "unipad_ready") == 1
+    runs = sum(float(line.split()[1]) for line in text.splitlines()
+               if line.startswith("unipad_inference_seconds_count"))
+    assert runs == engine_calls >= 4
+    for name in ("unipad_partials_dropped_total", "unipad_partials_total", 'unipad_worker_queue_depth{kind="final"}'):
+        assert name in text
+
+
+async def test_static_page_and_unknown_paths(serve_test_server):
+    async with serve_test_server() as url:
+        missing = await http_get(url.http, "/static/nothing.js")
+        traversal = await http_get(url.http, "/static/../server/config.py")
+        other = await http_get(url.http, "/v2/whatever")
+        page = await http_get(url.http, "/") if (STATIC_DIR / "index.html").is_file() else None
+    for status, _, _ in (missing, traversal, other):
+        assert status == 404
+    if page is not None:
+        assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
+
+
+async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
+    """index.html, .js and .css are served with their types; anything else in the folder is not."""
+    import server.http
+
+    for name, body in (("index.html", "<html></html>"), ("app.js", "let a;"), ("app.css", "p {}"), ("x.py", "")):
+        (tmp_path / name).write_text(body)
+    monkeypatch.setattr(server.http, "STATIC_DIR", tmp_path)
+    async with serve_test_server() as url:
+        got = {path: await http_get(url.http, path) for path in ("/", "/static/app.js", "/static/app.css",
+                                                                 "/static/x.py", "/static/index.html")}
+    assert got["/"][1]["content-type"] == "text/html; charset=utf-8" and got["/"][2] == b"<html></html>"
+    assert got["/static/app.js"][1]["content-type"] == "text/javascript; charset=utf-8"
+    assert got["/static/app.css"][1]["content-type"] == "text/css; charset=utf-8"
+    assert got["/static/index.html"][0] == 200
+    assert got["/static/x.py"][0] == 404
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "70000"], "--port"),
+    (["--vad-aggressiveness", "7"], "--vad-aggressiveness"),
+    (["--end-silence", "0.01"], "--end-silence"),
+    (["--device", "tpu"], "--device"),
+    (["--certfile", "/nonexistent.pem", "--keyfile", "/nonexistent.key"], "--certfile"),
+])
+def test_cli_bad_flags_exit_2_in_one_line(argv, message, test_model_dir, capsys):
+    from server.cli import main
+
+    assert main(["--model", str(test_model_dir), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("unipad: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_unparsable_flag_is_an_argparse_error(capsys):
+    from server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--containers", "4,x"])
+    assert exit_.value.code == 2
+    assert "--containers" in capsys.readouterr().err
+
+
+def test_cli_missing_model_dir(tmp_path, capsys):
+    from server.cli import main
+
+    assert main(["--model", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("unipad: error: model directory") and err.count("\n") == 1
+
+
+async def test_python_dash_m_server_help():
+    proc = await asyncio.create_subprocess_exec("python", "-m", "server", "--help", stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0 and b"--partial-window" in out
