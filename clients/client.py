@@ -44,6 +44,7 @@ import numpy as np
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.protocol import State
 
 from pipeline.audio import PCM_FORMATS, SAMPLE_RATE
 from pipeline.errors import ProtocolError
@@ -224,15 +225,29 @@ class Stream:
     async def _read(self) -> None:
         try:
             async for text in self._ws:
-                if isinstance(text, bytes):
-                    raise ProtocolError("unexpected binary frame from the server")
-                await self._dispatch(parse_server_message(text))
+                try:
+                    message = parse_server_message(text) if isinstance(text, str) else None
+                except ProtocolError as exc:
+                    if exc.code == "unknown_type":
+                        continue  # a message a newer server added: not for this client
+                    message = None
+                except (ValueError, TypeError):
+                    message = None
+                if message is None:
+                    self._fail(ClientError(f"bad message from the server: {str(text)[:200]!r}"))
+                    break
+                try:
+                    await self._dispatch(message)
+                except Exception as exc:  # the caller's callback failed: end the stream, raise it later
+                    error = ClientError(f"a result callback raised {exc!r}")
+                    error.__cause__ = exc
+                    self._fail(error)
+                    break
         except ConnectionClosed:
             pass
-        except (ProtocolError, ValueError) as exc:
-            self._fail(ClientError(f"bad message from the server: {exc}"))
-            await self._ws.close()
         finally:
+            if self._error is not None and self._ws.state is not State.CLOSED:
+                await self._ws.close()
             if self.done is None and self._error is None:
                 code, reason = self._ws.close_code, self._ws.close_reason or ""
                 if code == CLOSE_NORMAL and not reason:

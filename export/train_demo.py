@@ -254,6 +254,8 @@ def train(model, features, texts, heldout, options: TrainOptions, log=print) -> 
             step += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}", epoch=epoch)
+            if step % 250 == 0:
+                log(f"step {step}: loss {loss.item():.3f}, lr {lr:.1e}, epoch {epoch}, {time.monotonic() - start:.0f} s")
             if step % 1000 == 0 and heldout is not None:
                 wer = heldout_wer(model, heldout, shift, scale, tokens, word_errors)
                 history.append({"step": step, "heldout_wer": round(wer, 4)})

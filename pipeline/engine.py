@@ -20,6 +20,7 @@ ProtocolError code "bad_start" (a language the model does not know; the server s
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -99,6 +100,15 @@ def default_containers(device: str) -> tuple[float, ...]:
     return DEFAULT_CPU_CONTAINERS if device == "cpu" else DEFAULT_GPU_CONTAINERS
 
 
+def release_free_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc only). Loading parses each graph once per session;
+    glibc keeps those freed buffers, which showed as 2-3x the weights in RSS after load (measured)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
+
+
 def process_rss() -> int | None:
     """This process's resident set size in bytes (Linux /proc; None where unknown)."""
     try:
@@ -108,11 +118,13 @@ def process_rss() -> int | None:
         return None
 
 
-class _Session:
-    """One container's InferenceSession, fed with the dtypes the graph declares."""
+class SessionRunner:
+    """One container's InferenceSession, fed with the dtypes the graph declares; with `config.io_binding`,
+    run through IO binding on buffers that stay at fixed addresses (what CUDA graphs need)."""
 
     def __init__(self, session: ort.InferenceSession, size: int, config: ProviderConfig, device_id: int) -> None:
         self.session, self.size, self.config, self.device_id = session, size, config, device_id
+        self.memory = "cuda" if config.device == "cuda" else "cpu"  # where bound buffers live
         self.dtypes = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
         self.warmed = False
         self._binding: ort.IOBinding | None = None
@@ -128,20 +140,21 @@ class _Session:
         for name, value in feed.items():  # CUDA graphs replay fixed addresses: copy into the bound buffers
             self._inputs[name].update_inplace(value)
         self.session.run_with_iobinding(self._binding)
-        return [v.numpy() for v in self._outputs]
+        # numpy() of a CPU OrtValue may alias its buffer, which the next run overwrites; from CUDA it copies
+        return [v.numpy().copy() if self.memory == "cpu" else v.numpy() for v in self._outputs]
 
     def _first_bound_run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         # The CUDA provider runs once normally before it captures; that run tells the output shapes, so
         # the outputs can then be bound to buffers that stay put for every replay.
         binding = self.session.io_binding()
-        self._inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", self.device_id) for k, v in feed.items()}
+        self._inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, self.memory, self.device_id) for k, v in feed.items()}
         for name, value in self._inputs.items():
             binding.bind_ortvalue_input(name, value)
         for name in OUTPUT_NAMES:
-            binding.bind_output(name, "cuda", self.device_id)
+            binding.bind_output(name, self.memory, self.device_id)
         self.session.run_with_iobinding(binding)
         outputs = [v.numpy() for v in binding.get_outputs()]
-        self._outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, o.dtype, "cuda", self.device_id)
+        self._outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, o.dtype, self.memory, self.device_id)
                          for o in outputs]
         binding.clear_binding_outputs()
         for name, value in zip(OUTPUT_NAMES, self._outputs):
@@ -164,7 +177,7 @@ class Engine:
         self.provider: str | None = None
         self.precision: str | None = None
         self.policy: ShapePolicy | None = None
-        self._sessions: dict[int, _Session] = {}
+        self._sessions: dict[int, SessionRunner] = {}
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}  # must outlive the sessions
 
     # ---- loading ------------------------------------------------------------------------------------
@@ -185,13 +198,15 @@ class Engine:
         for i, device in enumerate(devices):
             try:
                 self._build(device)
+                if warm_up:
+                    self.warm_up()  # a GPU that starts but cannot run fails here
                 break
-            except ProviderError as exc:
-                if self.options.device != "auto" or i == len(devices) - 1:
+            except (ProviderError, InferenceError) as exc:
+                if self.options.device != "auto" or device == "cpu" or i == len(devices) - 1:
                     raise
-                log.warning("%s; falling back to %s", exc, devices[i + 1])
-        if warm_up:
-            self.warm_up()
+                log.warning("%s could not run the model (%s); falling back to %s", PROVIDERS[device], exc,
+                            devices[i + 1])
+        release_free_memory()
         self.stats.load_seconds = time.perf_counter() - start
         self.stats.rss_after_load = process_rss()
         return self
@@ -199,6 +214,7 @@ class Engine:
     def _build(self, device: str) -> None:
         """Create the sessions of every container on `device` (replacing any existing ones)."""
         self._sessions, self._shared = {}, {}
+        self.stats.shared_weight_bytes = 0
         precision = choose_precision(self.options.precision, device, self.model.manifest.files)
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
@@ -214,7 +230,7 @@ class Engine:
             if not self._shared:
                 raise
             log.warning("sharing weights between sessions failed; loading one copy per session")
-            self._shared = {}
+            self._shared, self.stats.shared_weight_bytes = {}, 0
             sessions = {size: self._create(path, size, config) for size in policy.sizes}
         self._sessions, self.policy = sessions, policy
         self.device, self.provider, self.precision = device, config.provider, precision
@@ -250,7 +266,7 @@ class Engine:
                 so.add_initializer(name, value)
         return so
 
-    def _create(self, path: Path, size: int, config: ProviderConfig) -> _Session:
+    def _create(self, path: Path, size: int, config: ProviderConfig) -> SessionRunner:
         try:
             session = ort.InferenceSession(str(path), self._session_options(size, config),
                                            providers=list(config.providers),
@@ -265,11 +281,11 @@ class Engine:
                                 f"{config.provider} (see its warnings above)", device=config.device)
         if config.device != "cpu":
             session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-        self._check_signature(session, path, size)
-        return _Session(session, size, config, self.options.device_id or 0)
+        self._check_signature(session, path)
+        return SessionRunner(session, size, config, self.options.device_id or 0)
 
     @staticmethod
-    def _check_signature(session: ort.InferenceSession, path: Path, size: int) -> None:
+    def _check_signature(session: ort.InferenceSession, path: Path) -> None:
         inputs = {i.name: i.shape for i in session.get_inputs()}
         outputs = [o.name for o in session.get_outputs()]
         if set(inputs) != set(INPUT_NAMES) or set(outputs) != set(OUTPUT_NAMES):
@@ -285,7 +301,8 @@ class Engine:
             audio = np.zeros(size, np.float32)
             t = time.perf_counter()
             feed = self._feed(audio, int(size * WARMUP_FILL), self.language_id("auto"), self.textnorm_id(False))
-            self._infer(session, feed, warming=True)
+            for _ in range(2 if session.config.io_binding else 1):  # CUDA captures its graph on run 2
+                self._infer(session, feed, warming=True)
             session.warmed = True
             log.info("warmed the %.3g s container in %.2f s", samples_to_seconds(size), time.perf_counter() - t)
 
@@ -295,6 +312,7 @@ class Engine:
         log.warning("rebuilding the engine's sessions on %s (was %s)", device, self.provider)
         self._build(device)
         self.warm_up()
+        release_free_memory()
         self.stats.rebuilds += 1
 
     # ---- state ------------------------------------------------------------------------------------
@@ -371,7 +389,7 @@ class Engine:
         return {"audio": padded[None, :], "audio_lengths": np.array([length], np.int32),
                 "language": np.array([language_id], np.int32), "textnorm": np.array([textnorm_id], np.int32)}
 
-    def _infer(self, session: _Session, feed: dict[str, np.ndarray], warming: bool = False,
+    def _infer(self, session: SessionRunner, feed: dict[str, np.ndarray], warming: bool = False,
                recover: bool = True) -> list[np.ndarray]:
         if not warming:
             self.stats.calls += 1

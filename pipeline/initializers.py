@@ -115,13 +115,16 @@ def read_initializers(path: str | Path, min_bytes: int = 1024) -> dict[str, np.n
     """
     path = Path(path)
     blob = memoryview(path.read_bytes())
-    graphs = [f.value for f in _fields(blob) if f.number == 7 and f.wire == 2]
-    if len(graphs) != 1:
-        raise ValueError(f"{path}: not an ONNX model (no graph)")
-    out: dict[str, np.ndarray] = {}
-    for f in _fields(graphs[0]):  # type: ignore[arg-type]
-        if f.number == 5 and f.wire == 2:
-            tensor = _tensor(f.value, path.parent)  # type: ignore[arg-type]
-            if tensor is not None and tensor[1].nbytes >= min_bytes:
-                out[tensor[0]] = tensor[1]
+    try:
+        graphs = [f.value for f in _fields(blob) if f.number == 7 and f.wire == 2]
+        if len(graphs) != 1:
+            raise ValueError("no graph")
+        out: dict[str, np.ndarray] = {}
+        for f in _fields(graphs[0]):  # type: ignore[arg-type]
+            if f.number == 5 and f.wire == 2:
+                tensor = _tensor(f.value, path.parent)  # type: ignore[arg-type]
+                if tensor is not None and tensor[1].nbytes >= min_bytes:
+                    out[tensor[0]] = tensor[1]
+    except (IndexError, KeyError, UnicodeDecodeError, ValueError) as exc:  # truncated or not protobuf
+        raise ValueError(f"{path}: not a readable ONNX model ({exc or type(exc).__name__})") from None
     return out

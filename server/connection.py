@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Awaitable
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from pipeline.audio import samples_to_seconds
 from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
 from pipeline.segmenter import PartialDue, SegmentFinished
 from pipeline.stream import StreamSession
@@ -151,7 +150,7 @@ class Connection:
         self._jobs: set[Job] = set()  # submitted and not yet delivered
         self._closed_segment = -1  # highest segment whose SegmentFinished has been seen
         self._segments = 0
-        self._bytes = 0
+        # (stream seconds received, monotonic time) after each audio message, for the latency metric
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
         self._sender: asyncio.Task[None] | None = None
 
@@ -222,7 +221,7 @@ class Connection:
                 events = self.session.feed(message)
             except AudioFormatError as exc:  # malformed payload (odd length, NaN): 1007, not 1003
                 raise ProtocolError(str(exc), code="invalid_audio") from None
-            self._note_arrival(len(message), arrived)
+            self._arrivals.append((self.session.received_seconds, arrived))
             await self._handle(events)
 
     async def _close(self, code: int, reason: str, error: Error | None = None) -> None:
@@ -270,12 +269,6 @@ class Connection:
             return
         if not token_matches(expected, start.token):
             raise AuthenticationError("missing or wrong token (send it in start, ?token= or Authorization)")
-
-    def _note_arrival(self, nbytes: int, arrived: float) -> None:
-        assert self.start is not None
-        fmt = self.start.audio_format
-        self._bytes += nbytes
-        self._arrivals.append((self._bytes / (fmt.bytes_per_frame * fmt.sample_rate), arrived))
 
     def _speech_end_arrival(self, end: float) -> float:
         """When the audio at stream time `end` reached the server (the oldest kept, if it is older)."""
@@ -367,6 +360,9 @@ class Connection:
                     self._final_done()
         except ConnectionClosed:
             pass
+        except Exception:  # noqa: BLE001 - a message we cannot encode is a bug; don't leave the stream hanging
+            log.exception("session %s: cannot send", self.id)
+            await self.ws.close(CLOSE_INTERNAL, "internal_error")
 
     def _final_done(self) -> None:
         self._unsent_finals -= 1

@@ -57,6 +57,7 @@ class Server:
         self.connections: set[Connection] = set()
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
         self.listening = asyncio.Event()  # set once the port is bound
+        self.stopped = asyncio.Event()  # set once shutdown has finished
         self.shutting_down: asyncio.Future[None]  # done when shutdown begins; connections wait on it
         self.exit_code = EXIT_OK
         self._should_exit = asyncio.Event()
@@ -212,6 +213,7 @@ class Server:
         if self.worker is not None:
             self.worker.stop(timeout=0 if self._force_exit.is_set() else 5.0)
         self.metrics.ready.set(0)
+        self.stopped.set()
         log.info("stopped")
 
     async def _wait(self, tasks: set[asyncio.Future[Any]], timeout: float) -> None:

@@ -26,6 +26,7 @@ const ui = {
 };
 
 let current = null; // the running session: {ws, media, context, node, ready, done, pending, stopTimer}
+const stats = { partials: 0, finals: 0, errors: 0, done: 0, maxLevel: 0 }; // counts since load, for tests
 
 function streamUrl(token) {
   const override = new URLSearchParams(location.search).get("server"); // ?server=wss://host/v1/stream
@@ -50,6 +51,7 @@ function showError(text) {
   item.className = "error";
   item.textContent = text;
   ui.errors.append(item);
+  stats.errors += 1;
 }
 
 function formatTime(seconds) {
@@ -64,6 +66,7 @@ function setLevel(rms) {
   const value = Math.round(Math.max(0, Math.min(100, ((db + 60) / 60) * 100)));
   ui.levelBar.style.width = `${value}%`;
   ui.level.setAttribute("aria-valuenow", String(value));
+  stats.maxLevel = Math.max(stats.maxLevel, value);
   ui.level.setAttribute("aria-valuetext", rms > 0 ? `${Math.round(db)} dB` : "silent");
 }
 
@@ -85,11 +88,13 @@ function onServerMessage(session, text) {
       if (session.stopRequested) sendStop(session);
       break;
     case "partial":
+      stats.partials += 1;
       ui.partial.textContent = msg.text;
       ui.partial.dataset.segment = msg.segment;
       ui.empty.hidden = true;
       break;
     case "final": {
+      stats.finals += 1;
       if (Number(ui.partial.dataset.segment) <= msg.segment) {
         ui.partial.textContent = "";
         delete ui.partial.dataset.segment;
@@ -114,6 +119,7 @@ function onServerMessage(session, text) {
       break;
     case "done":
       session.done = true;
+      stats.done += 1;
       session.ws.close(1000);
       break;
     default:
@@ -154,7 +160,8 @@ function onAudioFrame(session, data) {
 
 async function startAudio(session) {
   session.media = await navigator.mediaDevices.getUserMedia({
-    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: true },
+    // Unprocessed audio: the model was trained on it, and gain pumping or echo suppression mangle words.
+    audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
   });
   session.context = new AudioContext();
   await session.context.audioWorklet.addModule("static/worklet.js");
@@ -244,4 +251,4 @@ ui.stop.addEventListener("click", stop);
 setState("idle", "Idle");
 setLevel(0);
 
-window.unipad = { streamUrl, formatTime }; // for the tests and the console
+window.unipad = { streamUrl, formatTime, stats }; // for the tests and the console

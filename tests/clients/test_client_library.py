@@ -155,6 +155,7 @@ async def test_abnormal_close_raises_with_code_and_reason(speech):
     async def handler(ws) -> None:
         await ws.recv()
         await ws.send('{"type": "ready", "session": "s", "model": "m", "provider": "p"}')
+        await ws.send('{"type": "from_the_future", "x": 1}')  # unknown types are skipped
         await ws.close(CLOSE_TRY_AGAIN, "busy, come back later")
 
     async with websockets.serve(handler, "127.0.0.1", 0) as peer:
@@ -168,3 +169,19 @@ async def test_abnormal_close_raises_with_code_and_reason(speech):
             await stream.send(speech.audio[:1600])
         with pytest.raises(ClientError):
             await stream.stop()
+
+
+async def test_a_failing_callback_ends_the_stream_and_is_raised(serve_test_server, speech):
+    def on_final(final: Final) -> None:
+        raise RuntimeError("bug in the bot")
+
+    async with serve_test_server() as url:
+        async with connect(url, on_final=on_final) as stream:
+            for chunk in chunks(speech.audio, SAMPLE_RATE):
+                try:
+                    await stream.send(chunk)
+                except ClientError:
+                    break
+            with pytest.raises(ClientError, match="callback") as caught:
+                await stream.stop()
+    assert isinstance(caught.value.__cause__, RuntimeError)

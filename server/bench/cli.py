@@ -1,0 +1,44 @@
+"""The benchmark CLI: `python -m server.bench model|load|report`. Exit codes: 0 ok, 1 failed or target
+missed where a command says so, 2 bad usage."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMANDS = {
+    "model": ("server.bench.model", "time one inference per container and per shape policy (and the peer)"),
+    "load": ("server.bench.load", "N concurrent real-time streams against a server: latency and capacity"),
+    "report": ("server.bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
+}
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m server.bench", description="Unipad ASR benchmarks.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # import only the command that runs
+            module = importlib.import_module(module_name)
+            module.add_arguments(command)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from pipeline.errors import UnipadError
+
+    try:
+        return module.run(args)
+    except (UnipadError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,454 @@
+"""`python -m server.bench load`: N concurrent real-time streams against a server; latency and capacity.
+
+Each client streams its own "meeting" at real-time pace: the committed espeak utterances
+(tests/fixtures/three_utterances.wav, cut where its JSON sidecar says speech is) in a seeded order with
+seeded pauses, a staggered start and a quiet tail, as s16le chunks of --chunk seconds, each sent when a
+live microphone would have it (at the end of the chunk). Partials on. Per step of N streams:
+  * latency     from the wall time the end of an utterance's speech was sent to its final's arrival
+                (p50/p95/p99). The segmenter must wait --end-silence seconds of silence before it can end
+                a segment; `beyond_silence` = latency - end_silence is what the server adds (chunking,
+                VAD frames, queueing, inference, the socket).
+  * partials    received per second of speech, the interval between partials of one segment, and the
+                server's count of dropped (coalesced) partials from /metrics.
+  * lost        utterances with no final (must be 0); error messages; refused or broken connections.
+  * server      CPU (% of one core) and resident memory of the server process (psutil on its pid).
+N steps up through --streams; the step passes when p95 beyond_silence < --target and nothing is lost.
+Stepping stops at the first failing step or after --max-time. Loopback only.
+Without --url the command starts `python -m server` on 127.0.0.1 itself and stops it at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import psutil
+
+from pipeline.audio import SAMPLE_RATE, load_audio
+from pipeline.errors import UnipadError
+from pipeline.modeldir import read_model_directory
+from pipeline.segmenter import SegmenterOptions
+from server.protocol import STREAM_PATH
+
+from .common import FIXTURES, emit, machine, mib, percentiles, say
+
+DEFAULT_STREAMS = "1,2,4,8,12,16,20,24,32"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+READY_TIMEOUT = 600.0  # a full-size model loads and warms several sessions
+PAUSE_RANGE = (0.8, 2.5)  # seconds between utterances: longer than the end silence, so none merge
+TAIL_SILENCE = 1.5  # after the last utterance, so its final comes from the VAD, not from `stop`
+NOISE_LEVEL = 3e-4  # a quiet room rather than digital zeros
+
+
+# ---- the audio -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Meeting:
+    """One client's stream: float32 [n] at SAMPLE_RATE and its utterances' (start, end) in seconds."""
+
+    audio: np.ndarray
+    utterances: tuple[tuple[float, float], ...]
+
+
+def load_utterances() -> list[np.ndarray]:
+    audio = load_audio(FIXTURES / "three_utterances.wav")
+    spans = json.loads((FIXTURES / "three_utterances.json").read_text(encoding="utf-8"))["speech"]
+    return [audio[int(u["start"] * SAMPLE_RATE):int(u["end"] * SAMPLE_RATE)] for u in spans]
+
+
+def meeting(seed: int, seconds: float, utterances: list[np.ndarray]) -> Meeting:
+    """Utterances in a seeded order with seeded pauses until about `seconds`, then a quiet tail."""
+    rng = np.random.default_rng(seed)
+    pieces, spans = [], []
+    t = rng.uniform(0.2, 2.0)  # staggered start: clients do not speak in lockstep
+    pieces.append(np.zeros(int(t * SAMPLE_RATE), np.float32))
+    while True:
+        clip = utterances[int(rng.integers(len(utterances)))]
+        spans.append((t, t + len(clip) / SAMPLE_RATE))
+        pause = rng.uniform(*PAUSE_RANGE)
+        pieces += [clip, np.zeros(int(pause * SAMPLE_RATE), np.float32)]
+        t += len(clip) / SAMPLE_RATE + int(pause * SAMPLE_RATE) / SAMPLE_RATE
+        if t >= seconds - TAIL_SILENCE:
+            break
+    pieces.append(np.zeros(int(TAIL_SILENCE * SAMPLE_RATE), np.float32))
+    audio = np.concatenate(pieces)
+    audio = audio + rng.normal(0, NOISE_LEVEL, len(audio)).astype(np.float32)
+    return Meeting(np.clip(audio, -1, 1).astype(np.float32), tuple(spans))
+
+
+# ---- one client ------------------------------------------------------------------------------------
+
+@dataclass
+class ClientResult:
+    utterances: tuple[tuple[float, float], ...]
+    t0: float = 0.0  # monotonic time of stream second 0
+    messages: list[tuple[float, dict]] = field(default_factory=list)  # (monotonic arrival, message)
+    close_code: int | None = None
+    error: str | None = None
+    max_send_lag: float = 0.0  # how far behind its schedule the client ever sent (its own slowness)
+
+
+async def stream_client(url: str, m: Meeting, chunk: float, timeout: float) -> ClientResult:
+    import websockets
+
+    result = ClientResult(m.utterances)
+    pcm = np.clip(np.round(m.audio * 32767), -32768, 32767).astype("<i2").tobytes()
+    step = int(chunk * SAMPLE_RATE)
+    try:
+        async with websockets.connect(url, open_timeout=30, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": SAMPLE_RATE, "format": "s16le",
+                                      "partials": True}))
+            first = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            if first.get("type") != "ready":
+                result.error = f"no ready: {first}"
+                result.messages.append((time.monotonic(), first))
+                await ws.close()
+                return result
+            reader = asyncio.ensure_future(_collect(ws, result))
+            loop = asyncio.get_running_loop()
+            result.t0 = loop.time() + 0.05
+            for k, i in enumerate(range(0, len(m.audio), step)):
+                due = result.t0 + min(i + step, len(m.audio)) / SAMPLE_RATE
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    result.max_send_lag = max(result.max_send_lag, -delay)
+                if reader.done():
+                    break
+                await ws.send(pcm[2 * i:2 * (i + step)])
+            if not reader.done():
+                await ws.send(json.dumps({"type": "stop"}))
+            await asyncio.wait_for(reader, timeout)
+            result.close_code = ws.close_code
+    except asyncio.TimeoutError:
+        result.error = "timed out waiting for the server to finish the stream"
+    except (OSError, Exception) as exc:  # noqa: BLE001 - refused, reset, handshake failures
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def _collect(ws: Any, result: ClientResult) -> None:
+    import websockets
+
+    try:
+        async for message in ws:
+            # loop.time() is time.monotonic() on the default event loop
+            result.messages.append((asyncio.get_running_loop().time(), json.loads(message)))
+    except websockets.ConnectionClosed:
+        pass
+    result.close_code = ws.close_code
+
+
+# ---- scoring ---------------------------------------------------------------------------------------
+
+def score(results: list[ClientResult], end_silence: float, partial_interval: float) -> dict[str, Any]:
+    """Latency, partial cadence and losses over all clients of one step."""
+    latencies, after_vad, intervals = [], [], []
+    lost = utterances = partials = errors = finals_total = 0
+    speech_seconds = 0.0
+    problems: list[str] = []
+    for r in results:
+        utterances += len(r.utterances)
+        speech_seconds += sum(e - s for s, e in r.utterances)
+        if r.error:
+            problems.append(r.error)
+        finals = [(t, m) for t, m in r.messages if m.get("type") == "final"]
+        finals_total += len(finals)
+        errors += sum(1 for _, m in r.messages if m.get("type") == "error")
+        problems += [f"{m.get('code')}: {m.get('message')}" for _, m in r.messages if m.get("type") == "error"]
+        if r.close_code not in (None, 1000) and not r.error:
+            problems.append(f"closed with {r.close_code}")
+        used: set[int] = set()
+        for start, end in r.utterances:
+            match = [(t, m) for t, m in finals if m["start"] < end and m["end"] > start and id(m) not in used]
+            if not match:
+                lost += 1
+                continue
+            t, m = match[0]
+            used.add(id(m))
+            latencies.append(t - (r.t0 + end))
+            after_vad.append(t - (r.t0 + m["end"] + end_silence))
+        per_segment: dict[int, list[float]] = {}
+        for t, m in r.messages:
+            if m.get("type") == "partial":
+                partials += 1
+                per_segment.setdefault(m["segment"], []).append(t)
+        for times in per_segment.values():
+            intervals += list(np.diff(times))
+    beyond = [x - end_silence for x in latencies]
+    return {
+        "utterances": utterances, "finals": finals_total, "lost": lost, "errors": errors,
+        "problems": sorted(set(problems))[:10], "clients_failed": sum(1 for r in results if r.error),
+        "latency": percentiles(latencies), "beyond_silence": percentiles(beyond),
+        "after_vad": percentiles(after_vad), "latency_max": round(max(latencies), 4) if latencies else None,
+        "partials": partials,
+        "partials_per_speech_second": round(partials / speech_seconds, 3) if speech_seconds else None,
+        "partial_interval": percentiles(intervals, (50, 95)),
+        "expected_partial_interval": partial_interval,
+        "client_max_send_lag": round(max((r.max_send_lag for r in results), default=0.0), 4),
+    }
+
+
+# ---- the server ------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def http_get(host: str, port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode("utf-8", "replace")
+
+
+def metric(text: str, name: str) -> float:
+    """Sum of a Prometheus metric's samples (all label sets) in exposition text; 0 when absent."""
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
+class ServerProcess:
+    """`python -m server` on 127.0.0.1 at a free port, started and stopped by the benchmark."""
+
+    def __init__(self, args: argparse.Namespace, max_sessions: int) -> None:
+        self.port = free_port()
+        command = [sys.executable, "-m", "server", "--model", str(args.model), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--max-sessions", str(max_sessions), "--log-level", "warning",
+                   "--end-silence", str(args.end_silence), "--partial-interval", str(args.partial_interval),
+                   "--precision", args.precision, "--threads", str(args.threads)]
+        if args.containers:
+            command += ["--containers", args.containers]
+        self.log = open(args.server_log, "w+b") if args.server_log else subprocess.DEVNULL
+        root = Path(__file__).resolve().parents[2]
+        self.process = subprocess.Popen(command, cwd=root, stdout=self.log, stderr=subprocess.PIPE
+                                        if self.log is subprocess.DEVNULL else self.log)
+        self.pid = self.process.pid
+
+    async def wait_ready(self, timeout: float) -> float:
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            if self.process.poll() is not None:
+                tail = self.process.stderr.read().decode("utf-8", "replace")[-2000:] if self.process.stderr else ""
+                raise UnipadError(f"the server exited with {self.process.returncode} while starting: {tail.strip()}")
+            try:
+                status, _ = await http_get("127.0.0.1", self.port, "/readyz")
+                if status == 200:
+                    return time.monotonic() - began
+            except (OSError, asyncio.TimeoutError, IndexError, ValueError):
+                pass
+            await asyncio.sleep(0.2)
+        raise UnipadError(f"the server was not ready after {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the local process listening on `port` (to watch a server we did not start)."""
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return c.pid
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
+async def sample_process(pid: int | None, stop: asyncio.Event, out: dict[str, Any]) -> None:
+    """CPU percent (of one core) and RSS of `pid` every 0.5 s until `stop`."""
+    if pid is None:
+        return
+    try:
+        process = psutil.Process(pid)
+        process.cpu_percent(None)
+        cpu, rss = [], []
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            cpu.append(process.cpu_percent(None))
+            rss.append(process.memory_info().rss)
+    except psutil.Error:
+        return
+    out.update(cpu_mean=round(float(np.mean(cpu)), 1) if cpu else None,
+               cpu_max=round(float(np.max(cpu)), 1) if cpu else None, rss_peak_mib=mib(max(rss)) if rss else None)
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+async def run_step(url: str, host: str, port: int, pid: int | None, n: int, args) -> dict[str, Any]:
+    utterances = load_utterances()
+    meetings = [meeting(args.seed + i, args.seconds, utterances) for i in range(n)]
+    before = await scrape(host, port)
+    server: dict[str, Any] = {}
+    stop = asyncio.Event()
+    sampler = asyncio.ensure_future(sample_process(pid, stop, server))
+    began = time.monotonic()
+    results = await asyncio.gather(*(stream_client(url, m, args.chunk, args.seconds + 120) for m in meetings))
+    stop.set()
+    await sampler
+    after = await scrape(host, port)
+    step = {"streams": n, "wall_seconds": round(time.monotonic() - began, 1),
+            **score(list(results), args.end_silence, args.partial_interval), "server": server}
+    if before is not None and after is not None:
+        step["server"]["partials_dropped"] = int(metric(after, "unipad_partials_dropped_total")
+                                                 - metric(before, "unipad_partials_dropped_total"))
+        step["server"]["partials_sent"] = int(metric(after, "unipad_partials_total")
+                                              - metric(before, "unipad_partials_total"))
+        step["server"]["unwarmed_shape_calls"] = int(metric(after, "unipad_unwarmed_shape_calls"))
+    p95 = step["beyond_silence"]["p95"]
+    step["passed"] = (step["lost"] == 0 and step["errors"] == 0 and step["clients_failed"] == 0
+                      and p95 is not None and p95 < args.target)
+    return step
+
+
+async def scrape(host: str, port: int) -> str | None:
+    try:
+        status, body = await http_get(host, port, "/metrics")
+        return body if status == 200 else None
+    except (OSError, asyncio.TimeoutError, IndexError, ValueError):
+        return None
+
+
+async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    streams = parse_streams(args.streams)
+    server: ServerProcess | None = None
+    if args.url:
+        parts = urlsplit(args.url)
+        if parts.scheme != "ws" or parts.hostname not in LOOPBACK or not parts.port:
+            raise ValueError(f"--url must be ws://127.0.0.1:PORT{STREAM_PATH} (loopback only), got {args.url!r}")
+        host, port, url = parts.hostname, parts.port, args.url
+        try:
+            status, body = await http_get(host, port, "/readyz")
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise UnipadError(f"server unreachable at {host}:{port}: {exc}") from None
+        if status != 200:
+            raise UnipadError(f"server at {host}:{port} is not ready ({status}): {body.strip()[:200]}")
+        pid = args.server_pid or listening_pid(port)
+    else:
+        directory = read_model_directory(args.model)
+        result["model"] = directory.manifest.name
+        server = ServerProcess(args, max(streams))
+        say(f"starting the server on 127.0.0.1:{server.port} with {args.model} ...")
+        try:
+            result["server_ready_seconds"] = round(await server.wait_ready(READY_TIMEOUT), 1)
+        except BaseException:
+            server.stop()
+            raise
+        host, port, pid = "127.0.0.1", server.port, server.pid
+        url = f"ws://127.0.0.1:{port}{STREAM_PATH}"
+    try:
+        status, body = await http_get(host, port, "/readyz")
+        result["server_info"] = json.loads(body) if status == 200 else None
+    except (OSError, ValueError, asyncio.TimeoutError):
+        pass
+    result["server_pid_watched"] = pid is not None
+    began = time.monotonic()
+    try:
+        for n in streams:
+            if time.monotonic() - began + args.seconds > args.max_time:
+                result["stopped"] = f"--max-time {args.max_time:g} s reached"
+                break
+            say(f"{n} stream(s) x {args.seconds:g} s ...")
+            step = await run_step(url, host, port, pid, n, args)
+            result["steps"].append(step)
+            say(f"  p95 beyond silence {step['beyond_silence']['p95']} s, lost {step['lost']}, "
+                f"errors {step['errors']}, server CPU {step['server'].get('cpu_mean')} %"
+                + (f", problems: {step['problems'][:2]}" if step["problems"] else ""))
+            if step["clients_failed"] == n or (server is not None and server.process.poll() is not None):
+                raise UnipadError(f"the server stopped answering at {n} streams: "
+                                  f"{step['problems'][0] if step['problems'] else 'no connection'}")
+            if step["problems"] and any("1013" in p or "overloaded" in p for p in step["problems"]):
+                raise UnipadError(f"the server refused streams at {n} (overloaded; raise its --max-sessions)")
+            if not step["passed"]:
+                result["stopped"] = f"target missed at {n} streams"
+                break
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def parse_streams(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--streams must be comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1 or values[-1] > 256:
+        raise ValueError(f"--streams must be between 1 and 256, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    o = SegmenterOptions()
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--model", type=Path, help="start `python -m server` with this model directory")
+    target.add_argument("--url", help=f"a running server, ws://127.0.0.1:PORT{STREAM_PATH} (loopback only)")
+    parser.add_argument("--streams", default=DEFAULT_STREAMS, help="concurrent stream counts to step through")
+    parser.add_argument("--seconds", type=float, default=30.0, help="audio per stream per step")
+    parser.add_argument("--chunk", type=float, default=0.1, help="seconds of audio per message")
+    parser.add_argument("--target", type=float, default=1.0, help="p95 latency beyond the end silence to pass")
+    parser.add_argument("--max-time", type=float, default=900.0, help="stop stepping after this many seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--end-silence", type=float, default=o.end_silence, help="the server's --end-silence")
+    parser.add_argument("--partial-interval", type=float, default=o.partial_interval,
+                        help="the server's --partial-interval")
+    parser.add_argument("--precision", default="auto", help="for the server we start")
+    parser.add_argument("--containers", default=None, help="for the server we start, e.g. 4,8,15,30")
+    parser.add_argument("--threads", type=int, default=0, help="for the server we start")
+    parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "
+                        "the process listening on the port)")
+    parser.add_argument("--server-log", type=Path, default=None, help="write the started server's log here")
+    parser.add_argument("--save", type=Path, default=None, help="also write the JSON result to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.seconds < 5 or args.chunk <= 0 or args.chunk > 1:
+        raise ValueError("--seconds must be >= 5 and --chunk in (0, 1]")
+    result: dict[str, Any] = {
+        "command": "load", "model_dir": None if args.url else str(args.model), "url": args.url,
+        "seconds_per_stream": args.seconds, "chunk": args.chunk, "end_silence": args.end_silence,
+        "partial_interval": args.partial_interval, "target_p95_beyond_silence": args.target,
+        "precision": args.precision, "containers": args.containers, "machine": machine(), "steps": [],
+    }
+    code = 0
+    try:
+        asyncio.run(run_async(args, result))
+    except KeyboardInterrupt:
+        result["error"] = "interrupted"
+    except (UnipadError, OSError) as exc:
+        result["error"] = str(exc)
+    passing = [s["streams"] for s in result["steps"] if s["passed"]]
+    result["capacity"] = max(passing) if passing else 0
+    result["complete"] = "error" not in result
+    if "error" in result:
+        say(f"error: {result['error']}")
+        code = 1
+    emit(result, args.save)
+    return code

@@ -1,0 +1,322 @@
+"""`python -m server.bench model DIR`: what one inference costs, per container and per shape policy.
+
+For each precision (fp32 and int8 on CPU; fp16 too on a GPU):
+  * engine     the server's Engine with its container ladder: session creation and warm-up time, peak
+               resident memory, and the time of one run per container (median and spread of --repeats
+               runs after --warmup untimed ones), as a real-time factor of the container's length;
+  * policies   what a segment of L seconds (--lengths, 1-30 s) costs under each shape policy:
+               fixed (one 30 s container: every segment pays the 30 s run), ladder (the smallest
+               container that holds L), exact (a session with free dimensions run at exactly L);
+  * peer       with --peer DIR (server/bench/make_peer.py): FunASR's own export of the same weights, run
+               as funasr_onnx runs it (Python fbank + LFR + CMVN, then one dynamic-shape run), at the same
+               lengths; `ratio` = our time / the peer's at equal audio length.
+--profile DIR writes ONNX Runtime per-node profiles (one 30 s run per graph) and a per-operator summary.
+Tables go to stdout; the last line is one JSON object with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.engine import Engine, EngineOptions, default_containers
+from pipeline.errors import UnipadError
+from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
+from pipeline.providers import provider_config
+from pipeline.shapes import ShapePolicy, parse_containers
+
+from .common import PeakMemory, emit, machine, mib, speech_audio, summary, time_runs
+
+DEFAULT_LENGTHS = (1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 25.0, 30.0)
+FIXED_CONTAINER = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="model directory (python -m export)")
+    parser.add_argument("--precision", default=None, help="comma list (default: fp32,int8 on CPU, +fp16 on GPUs; "
+                        "those exported)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "directml"))
+    parser.add_argument("--containers", type=parse_containers, default=None,
+                        help="the ladder, seconds (default: the device's, pipeline/shapes.py)")
+    parser.add_argument("--lengths", default=",".join(f"{x:g}" for x in DEFAULT_LENGTHS),
+                        help="segment lengths in seconds for the policy table")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per shape")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per shape before timing")
+    parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: per core)")
+    parser.add_argument("--peer", type=Path, default=None, help="peer directory from server/bench/make_peer.py")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: fixed, exact")
+    parser.add_argument("--profile", type=Path, default=None, help="write ORT per-node profiles here")
+    parser.add_argument("--save", type=Path, default=None, help="also write the JSON result to this file")
+
+
+def parse_lengths(text: str) -> tuple[float, ...]:
+    try:
+        lengths = tuple(sorted(float(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated seconds, got {text!r}") from None
+    if not lengths or any(not 0.1 <= x <= 60 for x in lengths):
+        raise ValueError(f"--lengths must be between 0.1 and 60 s, got {text!r}")
+    return lengths
+
+
+def plain_options(threads: int, samples: int | None = None) -> ort.SessionOptions:
+    """The engine's CPU session settings without weight sharing; free `samples` unless given."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], 1)
+    if samples is not None:
+        so.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+    return so
+
+
+def feed(audio: np.ndarray, length: int) -> dict[str, np.ndarray]:
+    return {"audio": audio[None, :], "audio_lengths": np.array([length], np.int32),
+            "language": np.array([0], np.int32), "textnorm": np.array([15], np.int32)}
+
+
+def bench_engine(model: Path, precision: str, device: str, containers: tuple[float, ...], args) -> dict[str, Any]:
+    """Build and warm an Engine as the server does; time one run per container."""
+    out: dict[str, Any] = {"containers": list(containers)}
+    with PeakMemory() as memory:
+        engine = Engine(model, EngineOptions(device=device, precision=precision, containers=containers,
+                                             threads=args.threads))
+        t = time.perf_counter()
+        engine.load(warm_up=False)
+        out["session_seconds"] = round(time.perf_counter() - t, 3)
+        t = time.perf_counter()
+        engine.warm_up()
+        out["warmup_seconds"] = round(time.perf_counter() - t, 3)
+        out["provider"] = engine.provider
+        out["shared_weights_mib"] = mib(engine.stats.shared_weight_bytes)
+        per_container = {}
+        for size in engine.policy.sizes:
+            audio = speech_audio(size / SAMPLE_RATE)
+            times = time_runs(lambda: engine.run_padded(audio, size, 0, 15), args.warmup, args.repeats)
+            stats = summary(times)
+            stats["rtf"] = round(stats["median"] / (size / SAMPLE_RATE), 4)
+            per_container[f"{size / SAMPLE_RATE:g}"] = stats
+        out["per_container"] = per_container
+        out["unwarmed_calls"] = engine.stats.unwarmed_calls
+    out["rss_before_mib"], out["peak_rss_mib"] = mib(memory.start), mib(memory.peak)
+    del engine
+    gc.collect()
+    return out
+
+
+def bench_exact(path: Path, lengths: tuple[float, ...], device: str, args) -> dict[str, Any]:
+    """One session with a free `samples` dimension, run at exactly each length."""
+    config = provider_config(device)
+    t = time.perf_counter()
+    session = ort.InferenceSession(str(path), plain_options(args.threads), providers=list(config.providers),
+                                   provider_options=list(config.provider_options))
+    created = time.perf_counter() - t
+    per_length = {}
+    for seconds in lengths:
+        audio = speech_audio(seconds)
+        f = feed(audio, len(audio))
+        per_length[f"{seconds:g}"] = summary(time_runs(lambda: session.run(None, f), args.warmup, args.repeats))
+    return {"session_seconds": round(created, 3), "per_length": per_length}
+
+
+def bench_peer(peer_dir: Path, precision: str, lengths: tuple[float, ...], device: str, args) -> dict[str, Any]:
+    from .peer import PeerModel
+
+    config = provider_config(device)
+    peer = PeerModel(peer_dir, precision, plain_options(args.threads), providers=list(config.providers))
+    per_length, frontend = {}, {}
+    for seconds in lengths:
+        audio = speech_audio(seconds)
+        per_length[f"{seconds:g}"] = summary(time_runs(lambda: peer.run(audio), args.warmup, args.repeats))
+        frontend[f"{seconds:g}"] = summary(time_runs(lambda: peer.features(audio), 0, max(1, args.repeats // 2)))
+    return {"graph": peer.info["files"][precision], "per_length": per_length, "frontend": frontend}
+
+
+def policy_table(result: dict[str, Any], lengths: tuple[float, ...], ladder: ShapePolicy) -> dict[str, dict]:
+    """Median seconds for a segment of each length under each policy (and the peer), from the timings.
+
+    On these graphs a run's cost depends only on its shape (padding is masked, not skipped), so a
+    segment's cost under a container policy is its container's measured time.
+    """
+    table: dict[str, dict] = defaultdict(dict)
+    for seconds in lengths:
+        key = f"{seconds:g}"
+        n = int(round(seconds * SAMPLE_RATE))
+        if "fixed" in result:
+            table["fixed"][key] = result["fixed"]["per_container"][f"{FIXED_CONTAINER:g}"]["median"]
+        if "engine" in result and n <= ladder.largest:
+            table["ladder"][key] = result["engine"]["per_container"][f"{ladder.container_for(n) / SAMPLE_RATE:g}"]["median"]
+        if "exact" in result:
+            table["exact"][key] = result["exact"]["per_length"][key]["median"]
+        if "peer" in result:
+            table["peer"][key] = result["peer"]["per_length"][key]["median"]
+    return dict(table)
+
+
+def ratios(table: dict[str, dict]) -> dict[str, dict]:
+    """Our time / the peer's at equal audio length, per policy."""
+    if "peer" not in table:
+        return {}
+    return {policy: {k: round(v / table["peer"][k], 3) for k, v in times.items() if k in table["peer"]}
+            for policy, times in table.items() if policy != "peer"}
+
+
+def profile_graph(path: Path, seconds: float, threads: int, out_dir: Path, tag: str) -> dict[str, Any]:
+    """One run at `seconds` (samples fixed) with ORT profiling; per-operator-type totals, largest first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = int(round(seconds * SAMPLE_RATE))
+    so = plain_options(threads, n)
+    so.enable_profiling = True
+    so.profile_file_prefix = str(out_dir / tag)
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    audio = speech_audio(seconds)
+    session.run(None, feed(audio, n))  # first run: allocations
+    t = time.perf_counter()
+    session.run(None, feed(audio, n))
+    wall = time.perf_counter() - t
+    trace = Path(session.end_profiling())
+    return {"wall_seconds": round(wall, 4), "trace": str(trace), **summarize_profile(trace, runs=2)}
+
+
+def summarize_profile(trace: Path, runs: int = 1) -> dict[str, Any]:
+    """Total kernel time per operator type (ms per run) from an ORT profile, largest first."""
+    events = json.loads(trace.read_text(encoding="utf-8"))
+    per_op: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            op = e.get("args", {}).get("op_name", "?")
+            per_op[op] += e.get("dur", 0) / 1000.0 / runs
+            count[op] += 1
+    total = sum(per_op.values())
+    ops = sorted(per_op.items(), key=lambda kv: -kv[1])
+    return {"kernel_ms": round(total, 1),
+            "by_op": [{"op": op, "ms": round(ms, 1), "share": round(ms / total, 3) if total else 0,
+                       "nodes": count[op] // runs} for op, ms in ops]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from .common import say
+
+    lengths = parse_lengths(args.lengths)
+    if args.repeats < 1 or args.warmup < 0:
+        raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+    directory = read_model_directory(args.model)  # ModelLoadError: missing or not ours
+    if directory.manifest.architecture != "sensevoice":
+        raise UnipadError(f"{args.model}: architecture {directory.manifest.architecture!r}, not sensevoice")
+    if args.peer is not None:
+        from .peer import read_peer_info
+
+        read_peer_info(args.peer)
+    exported = list(directory.manifest.files)
+    wanted = args.precision.split(",") if args.precision else [p for p in ("fp32", "int8", "fp16") if
+                                                               p != "fp16" or args.device != "cpu"]
+    precisions = [p for p in wanted if p in exported]
+    if args.precision and len(precisions) != len(wanted):
+        raise UnipadError(f"{args.model}: precision(s) {', '.join(set(wanted) - set(exported))} not exported "
+                          f"(has {', '.join(exported)})")
+    ladder = ShapePolicy(args.containers or default_containers(args.device))
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    result: dict[str, Any] = {
+        "command": "model", "model": directory.manifest.name, "model_dir": str(args.model),
+        "source": directory.manifest.source, "dimensions": directory.manifest.dimensions,
+        "device": args.device, "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
+        "lengths": list(lengths), "ladder": list(ladder.containers), "machine": machine(),
+        "peer": None if args.peer is None else str(args.peer), "precisions": {}, "complete": False,
+    }
+    try:
+        for precision in precisions:
+            part: dict[str, Any] = {}
+            result["precisions"][precision] = part
+            say(f"[{precision}] engine with containers {ladder.containers} ...")
+            part["engine"] = bench_engine(args.model, precision, args.device, ladder.containers, args)
+            if "fixed" not in skip and ladder.containers != (FIXED_CONTAINER,):
+                say(f"[{precision}] engine with one {FIXED_CONTAINER:g} s container ...")
+                part["fixed"] = bench_engine(args.model, precision, args.device, (FIXED_CONTAINER,), args)
+            elif ladder.containers == (FIXED_CONTAINER,):
+                part["fixed"] = part["engine"]
+            if "exact" not in skip:
+                say(f"[{precision}] exact lengths ...")
+                part["exact"] = bench_exact(directory.onnx_path(precision), lengths, args.device, args)
+            if args.peer is not None and precision in ("fp32", "int8"):
+                say(f"[{precision}] peer (FunASR export, funasr_onnx frontend) ...")
+                part["peer"] = bench_peer(args.peer, precision, lengths, args.device, args)
+            part["policies"] = policy_table(part, lengths, ladder)
+            part["ratio_to_peer"] = ratios(part["policies"])
+            if args.profile is not None and args.device == "cpu":
+                say(f"[{precision}] profiling a {FIXED_CONTAINER:g} s run ...")
+                part["profile"] = profile_graph(directory.onnx_path(precision), FIXED_CONTAINER, args.threads,
+                                                args.profile, f"ours_{precision}")
+                if args.peer is not None and precision in ("fp32", "int8"):
+                    part["peer_profile"] = peer_profile(args.peer, precision, args.threads, args.profile)
+            print_precision(precision, part, lengths)
+        result["complete"] = True
+    except KeyboardInterrupt:
+        result["error"] = "interrupted"
+    except Exception as exc:  # noqa: BLE001 - report what was measured, then fail
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["targets"] = targets(result)
+    emit(result, args.save)
+    if "error" in result:
+        say(f"error: {result['error']}")
+        return 1
+    return 0
+
+
+def peer_profile(peer_dir: Path, precision: str, threads: int, out_dir: Path) -> dict[str, Any]:
+    from .peer import PeerModel
+
+    so = plain_options(threads)
+    so.enable_profiling = True
+    so.profile_file_prefix = str(out_dir / f"peer_{precision}")
+    peer = PeerModel(peer_dir, precision, so)
+    audio = speech_audio(FIXED_CONTAINER)
+    peer.run(audio)
+    t = time.perf_counter()
+    peer.run(audio)
+    wall = time.perf_counter() - t
+    trace = Path(peer.session.end_profiling())
+    return {"wall_seconds": round(wall, 4), "trace": str(trace), **summarize_profile(trace, runs=2)}
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The issue's speed targets, checked where the figures exist (int8)."""
+    part = result["precisions"].get("int8") or {}
+    out: dict[str, Any] = {}
+    fixed = (part.get("fixed") or {}).get("per_container", {}).get(f"{FIXED_CONTAINER:g}")
+    if fixed:
+        out["container_30s_int8_seconds"] = fixed["median"]
+        out["container_30s_int8_ok"] = fixed["median"] <= 0.6
+    r = part.get("ratio_to_peer") or {}
+    if r.get("exact"):
+        worst = max(r["exact"].values())
+        out["exact_vs_peer_worst"] = worst
+        out["exact_vs_peer_ok"] = worst <= 1.05
+    if r.get("fixed") and "30" in r["fixed"]:
+        out["container_30s_vs_peer_30s"] = r["fixed"]["30"]
+    return out
+
+
+def print_precision(precision: str, part: dict[str, Any], lengths: tuple[float, ...]) -> None:
+    engine = part["engine"]
+    print(f"\n== {precision} on {engine['provider']}: sessions {engine['session_seconds']:.2f} s, "
+          f"warm-up {engine['warmup_seconds']:.2f} s, peak RSS {engine['peak_rss_mib']} MiB")
+    print(f"{'container':>10} {'median s':>9} {'min':>7} {'max':>7} {'RTF':>7}")
+    for key, s in engine["per_container"].items():
+        print(f"{key + ' s':>10} {s['median']:9.3f} {s['min']:7.3f} {s['max']:7.3f} {s['rtf']:7.3f}")
+    policies = part["policies"]
+    names = [p for p in ("fixed", "ladder", "exact", "peer") if p in policies]
+    print(f"{'segment':>8} " + " ".join(f"{n:>8}" for n in names) + ("   ours/peer (exact)" if "peer" in names else ""))
+    for seconds in lengths:
+        key = f"{seconds:g}"
+        row = " ".join(f"{policies[n].get(key, float('nan')):8.3f}" for n in names)
+        ratio = part["ratio_to_peer"].get("exact", {}).get(key)
+        print(f"{key + ' s':>8} {row}" + (f"   {ratio:.3f}" if ratio is not None else ""))

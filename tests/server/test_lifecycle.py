@@ -1,0 +1,106 @@
+"""The server as a process: signals, graceful and forced shutdown, TLS, allowed origins."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import websockets
+
+from pipeline.audio import seconds_to_samples
+from server.protocol import CLOSE_GOING_AWAY, STREAM_PATH
+from server_testkit import http_get, pcm16, run_stream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def read_log_until(stream: asyncio.StreamReader, pattern: str) -> re.Match:
+    while line := await asyncio.wait_for(stream.readline(), 60):
+        if match := re.search(pattern, line.decode()):
+            return match
+    raise AssertionError(f"server exited before logging {pattern!r}")
+
+
+async def test_sigterm_finishes_open_segments_then_exits_0(test_model_dir, speech):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server", "--model", str(test_model_dir), "--port", "0", "--partial-interval", "0",
+        cwd=ROOT, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        port = int((await read_log_until(proc.stderr, r"listening on ws://127\.0\.0\.1:(\d+)")).group(1))
+        await read_log_until(proc.stderr, r"ready: provider \w+")
+        second = speech.utterances[1]
+        async with websockets.connect(f"ws://127.0.0.1:{port}{STREAM_PATH}") as ws:
+            await ws.send(json.dumps({"type": "start"}))
+            await ws.recv()  # ready
+            await ws.send(pcm16(speech.audio[: seconds_to_samples((second["start"] + second["end"]) / 2)]))
+            assert json.loads(await ws.recv())["segment"] == 0
+            proc.send_signal(signal.SIGTERM)
+            messages = [json.loads(m) async for m in ws]
+            assert ws.close_code == CLOSE_GOING_AWAY
+        assert [(m["type"], m.get("segment")) for m in messages] == [("final", 1), ("done", None)]
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_second_shutdown_request_skips_the_drain(serve_test_server, speech):
+    running, release = threading.Event(), threading.Event()
+
+    def stuck_model(call: int) -> None:
+        running.set()
+        release.wait(60)
+
+    try:
+        async with serve_test_server(partial_interval=0, drain_timeout=120) as url:
+            url.server.engine.fault_hook = stuck_model
+            async with websockets.connect(url) as ws:
+                await ws.send(json.dumps({"type": "start"}))
+                await ws.recv()
+                await ws.send(pcm16(speech.audio[: seconds_to_samples(speech.utterances[0]["end"] + 1)]))
+                assert await asyncio.to_thread(running.wait, 30)
+                url.server.request_shutdown()  # graceful: would wait for the stuck final ...
+                await asyncio.sleep(0.1)
+                assert not url.server.stopped.is_set()
+                url.server.request_shutdown()  # ... the second request (signal) does not
+                await asyncio.wait_for(url.server.stopped.wait(), 30)
+                await asyncio.wait_for(ws.wait_closed(), 30)
+                assert ws.close_code == CLOSE_GOING_AWAY
+    finally:
+        release.set()
+
+
+async def test_tls(serve_test_server, speech, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    client = ssl.create_default_context(cafile=str(cert))
+    async with serve_test_server(certfile=cert, keyfile=key) as url:
+        result = await run_stream(url.replace("ws://", "wss://"), speech.audio, ssl=client)
+    assert len(result.of("final")) == len(speech.utterances)
+
+
+async def test_allowed_origins(serve_test_server):
+    async with serve_test_server(allowed_origins=("https://app.example",)) as url:
+        async with websockets.connect(url, origin="https://app.example") as ws:  # allowed
+            await ws.send('{"type": "start"}')
+            assert json.loads(await ws.recv())["type"] == "ready"
+        async with websockets.connect(url) as ws:  # no Origin: not a browser, allowed
+            await ws.send('{"type": "start"}')
+            assert json.loads(await ws.recv())["type"] == "ready"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(url, origin="https://evil.example"):
+                pass
+        status, _, _ = await http_get(url.http, "/healthz")  # HTTP paths are not origin-checked
+    assert refused.value.response.status_code == 403
+    assert status == 200
