@@ -71,7 +71,10 @@ def read_am_mvn(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
     Raises ValueError naming the problem when the file is not such a CMVN file.
     """
-    lines = Path(path).read_text(encoding="utf-8").split("\n")
+    try:
+        lines = Path(path).read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (not a Kaldi am.mvn file)") from None
     found: dict[str, np.ndarray] = {}
     for i, line in enumerate(lines):
         tag = line.split(" ")[0] if line else ""

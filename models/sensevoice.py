@@ -12,6 +12,7 @@ whose valid frames do not depend on the padding. How each stage stays padding-in
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,11 +219,14 @@ class SenseVoice(nn.Module):
 
 def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a FunASR `model.pt` (optionally wrapped as {"state_dict": ...}) into a plain state_dict."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as exc:  # torch's own messages run to many lines
+        raise ValueError(f"{path}: not a PyTorch state_dict file (torch.load: {type(exc).__name__})") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a state_dict")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: not a state_dict (expected a dict of tensors)")
     return state
 
 

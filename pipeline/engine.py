@@ -24,7 +24,7 @@ import ctypes
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +36,8 @@ from .decoding import Transcript, decode_ctc
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .initializers import read_initializers
 from .modeldir import FREE_DIMENSIONS, INPUT_NAMES, OUTPUT_NAMES, read_model_directory
-from .providers import DEVICES, PROVIDERS, ProviderConfig, candidate_devices, is_device_failure, provider_config
+from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, is_device_failure,
+                        provider_config)
 from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,6 @@ PRECISION_CHOICES = ("auto", "fp32", "int8", "fp16")
 INSTALL_HINTS = {"cuda": "install onnxruntime-gpu instead of onnxruntime",
                  "directml": "install onnxruntime-directml instead of onnxruntime (Windows x64)", "cpu": ""}
 WARMUP_FILL = 0.75  # warm-up length as a fraction of the container: a typical clip, not an empty one
-_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
-                "tensor(int64)": np.int64}
 
 
 @dataclass(frozen=True)
@@ -116,51 +115,6 @@ def process_rss() -> int | None:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return None
-
-
-class SessionRunner:
-    """One container's InferenceSession, fed with the dtypes the graph declares; with `config.io_binding`,
-    run through IO binding on buffers that stay at fixed addresses (what CUDA graphs need)."""
-
-    def __init__(self, session: ort.InferenceSession, size: int, config: ProviderConfig, device_id: int) -> None:
-        self.session, self.size, self.config, self.device_id = session, size, config, device_id
-        self.memory = "cuda" if config.device == "cuda" else "cpu"  # where bound buffers live
-        self.dtypes = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
-        self.warmed = False
-        self._binding: ort.IOBinding | None = None
-        self._inputs: dict[str, ort.OrtValue] = {}
-        self._outputs: list[ort.OrtValue] = []
-
-    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items()}
-        if not self.config.io_binding:
-            return self.session.run(list(OUTPUT_NAMES), feed)
-        if self._binding is None:
-            return self._first_bound_run(feed)
-        for name, value in feed.items():  # CUDA graphs replay fixed addresses: copy into the bound buffers
-            self._inputs[name].update_inplace(value)
-        self.session.run_with_iobinding(self._binding)
-        # numpy() of a CPU OrtValue may alias its buffer, which the next run overwrites; from CUDA it copies
-        return [v.numpy().copy() if self.memory == "cpu" else v.numpy() for v in self._outputs]
-
-    def _first_bound_run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        # The CUDA provider runs once normally before it captures; that run tells the output shapes, so
-        # the outputs can then be bound to buffers that stay put for every replay.
-        binding = self.session.io_binding()
-        self._inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, self.memory, self.device_id) for k, v in feed.items()}
-        for name, value in self._inputs.items():
-            binding.bind_ortvalue_input(name, value)
-        for name in OUTPUT_NAMES:
-            binding.bind_output(name, self.memory, self.device_id)
-        self.session.run_with_iobinding(binding)
-        outputs = [v.numpy() for v in binding.get_outputs()]
-        self._outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, o.dtype, self.memory, self.device_id)
-                         for o in outputs]
-        binding.clear_binding_outputs()
-        for name, value in zip(OUTPUT_NAMES, self._outputs):
-            binding.bind_ortvalue_output(name, value)
-        self._binding = binding
-        return outputs
 
 
 class Engine:
@@ -400,7 +354,9 @@ class Engine:
             outputs = session.run(feed)
         except Exception as exc:
             self.stats.failures += 1
-            if recover and not warming and self.device != "cpu" and is_device_failure(exc):
+            # A device failure (lost GPU, out of memory) rebuilds the sessions; on CPU too, where a fresh
+            # session frees a poisoned arena. The retry runs with recover=False: one rebuild per call.
+            if recover and not warming and is_device_failure(exc):
                 return self._recover(feed, exc)
             raise InferenceError(f"inference on {self.provider} failed: {exc}", container=session.size) from exc
         elapsed = time.perf_counter() - t

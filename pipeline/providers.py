@@ -1,4 +1,5 @@
-"""Execution-provider choice and per-provider session settings for the engine (pure functions, no sessions).
+"""Execution providers for the engine: which one, its session settings (pure functions), and SessionRunner,
+which runs one session plainly or through IO binding.
 
     device      provider                 session settings
     cpu         CPUExecutionProvider     defaults
@@ -15,6 +16,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+import onnxruntime as ort
+
+from .modeldir import OUTPUT_NAMES
+
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
+                "tensor(int64)": np.int64}
 DEVICE_ENV = "INFERENCE_DEVICE"
 DEVICES = ("auto", "cpu", "cuda", "directml")
 DEVICE_ALIASES = {"dml": "directml"}
@@ -100,3 +108,48 @@ def is_device_failure(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return any(marker in text for marker in DEVICE_FAILURE_MARKERS)
+
+
+class SessionRunner:
+    """One container's InferenceSession, fed with the dtypes the graph declares; with `config.io_binding`,
+    run through IO binding on buffers that stay at fixed addresses (what CUDA graphs need)."""
+
+    def __init__(self, session: ort.InferenceSession, size: int, config: ProviderConfig, device_id: int) -> None:
+        self.session, self.size, self.config, self.device_id = session, size, config, device_id
+        self.memory = "cuda" if config.device == "cuda" else "cpu"  # where bound buffers live
+        self.dtypes = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
+        self.warmed = False
+        self._binding: ort.IOBinding | None = None
+        self._inputs: dict[str, ort.OrtValue] = {}
+        self._outputs: list[ort.OrtValue] = []
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items()}
+        if not self.config.io_binding:
+            return self.session.run(list(OUTPUT_NAMES), feed)
+        if self._binding is None:
+            return self._first_bound_run(feed)
+        for name, value in feed.items():  # CUDA graphs replay fixed addresses: copy into the bound buffers
+            self._inputs[name].update_inplace(value)
+        self.session.run_with_iobinding(self._binding)
+        # numpy() of a CPU OrtValue may alias its buffer, which the next run overwrites; from CUDA it copies
+        return [v.numpy().copy() if self.memory == "cpu" else v.numpy() for v in self._outputs]
+
+    def _first_bound_run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        # The CUDA provider runs once normally before it captures; that run tells the output shapes, so
+        # the outputs can then be bound to buffers that stay put for every replay.
+        binding = self.session.io_binding()
+        self._inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, self.memory, self.device_id) for k, v in feed.items()}
+        for name, value in self._inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in OUTPUT_NAMES:
+            binding.bind_output(name, self.memory, self.device_id)
+        self.session.run_with_iobinding(binding)
+        outputs = [v.numpy() for v in binding.get_outputs()]
+        self._outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, o.dtype, self.memory, self.device_id)
+                         for o in outputs]
+        binding.clear_binding_outputs()
+        for name, value in zip(OUTPUT_NAMES, self._outputs):
+            binding.bind_ortvalue_output(name, value)
+        self._binding = binding
+        return outputs

@@ -42,9 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest WebSocket message (larger: close 1009)")
     p.add_argument("--idle-timeout", type=float, default=d.idle_timeout, help="close streams silent this long (s)")
+    p.add_argument("--send-timeout", type=float, default=d.send_timeout,
+                   help="cut off a client that does not accept a message for this long (s)")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
                    help="on shutdown, seconds open streams get to receive their finals")
     p.add_argument("--token", default=None, help=f"require this token from clients (default: ${TOKEN_ENV})")
+    p.add_argument("--auth-max-failures", type=int, default=d.auth_max_failures,
+                   help="failed token checks from one address before it is refused for --auth-cooldown")
+    p.add_argument("--auth-cooldown", type=float, default=d.auth_cooldown,
+                   help="seconds an address stays refused (HTTP 429) after too many failed token checks")
     p.add_argument("--allowed-origins", default="", help="comma-separated browser origins allowed (default: any)")
     p.add_argument("--certfile", type=Path, default=None, help="TLS certificate (PEM): serve wss:// and https://")
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")

@@ -42,8 +42,11 @@ class ServerConfig:
     max_sessions: int = 16  # concurrent streams; more are refused with close 1013
     max_message_bytes: int = 1 << 20  # largest WebSocket message; larger closes with 1009
     idle_timeout: float = 60.0  # a stream that sends nothing this long is closed
+    send_timeout: float = 30.0  # a client that takes longer to accept one message is cut off (not reading)
     drain_timeout: float = 30.0  # on shutdown, how long open streams get to receive their finals
     token: str | None = None  # shared secret; None: no authentication (env UNIPAD_TOKEN)
+    auth_max_failures: int = 5  # wrong or missing tokens from one address within auth_cooldown ...
+    auth_cooldown: float = 60.0  # ... refuse that address (HTTP 429) for this many seconds
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect; empty: any
     certfile: Path | None = None  # TLS certificate (PEM); with keyfile, serves wss:// and https://
     keyfile: Path | None = None
@@ -98,6 +101,9 @@ def validate_config(config: ServerConfig) -> ServerConfig:
     check(config.max_sessions >= 1, f"--max-sessions must be >= 1, got {config.max_sessions}")
     check(config.max_message_bytes >= 4096, f"--max-message-bytes must be >= 4096, got {config.max_message_bytes}")
     check(config.idle_timeout > 0, f"--idle-timeout must be > 0 s, got {config.idle_timeout}")
+    check(config.send_timeout > 0, f"--send-timeout must be > 0 s, got {config.send_timeout}")
+    check(config.auth_max_failures >= 1, f"--auth-max-failures must be >= 1, got {config.auth_max_failures}")
+    check(config.auth_cooldown > 0, f"--auth-cooldown must be > 0 s, got {config.auth_cooldown}")
     check(config.drain_timeout >= 0, f"--drain-timeout must be >= 0 s, got {config.drain_timeout}")
     check(config.token is None or len(config.token) > 0, "--token must not be empty")
     check((config.certfile is None) == (config.keyfile is None), "--certfile and --keyfile go together")

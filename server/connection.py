@@ -54,6 +54,12 @@ log = logging.getLogger(__name__)
 # (TCP backpressure) until one is sent, so the worker's finals queue is bounded by sessions x this.
 MAX_FINALS_IN_FLIGHT = 4
 SEND_TIMEOUT = 10.0  # seconds a closing connection waits for its last messages to reach the client
+# Message-rate policy against floods of tiny frames (each costs a decode and a loop turn whatever its
+# size): a stream may send at most FLOOD_BURST messages plus FLOOD_RATE per second of audio received,
+# i.e. 2 ms of audio per message on average. Real clients send 10-100 ms per message (an unbatched
+# AudioWorklet quantum, 128 frames, is 2.7 ms at 48 kHz); more messages close the stream with 1008.
+FLOOD_BURST = 1000
+FLOOD_RATE = 500  # messages per second of audio
 _ARRIVALS = 1024  # recent (stream seconds, arrival time) pairs kept for the latency metric
 
 # Error code -> close code. Anything else a client did wrong (bad_order, unknown_type, bad_start,
@@ -66,6 +72,12 @@ CLOSE_CODES = {
     "overloaded": CLOSE_TRY_AGAIN,
     "internal_error": CLOSE_INTERNAL,
 }
+
+
+def client_address(ws: ServerConnection) -> str:
+    """The client's IP address (no port), for per-address limits and logs."""
+    address = ws.remote_address
+    return str(address[0]) if address else "unknown"
 
 
 def close_code(error: UnipadError) -> int:
@@ -153,6 +165,7 @@ class Connection:
         # (stream seconds received, monotonic time) after each audio message, for the latency metric
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
         self._sender: asyncio.Task[None] | None = None
+        self._messages = 0  # client messages received (the flood policy)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
@@ -212,6 +225,11 @@ class Connection:
             message = await self._next_message()
             if message is None:
                 return CLOSE_GOING_AWAY
+            self._messages += 1
+            if self._messages > FLOOD_BURST + FLOOD_RATE * self.session.received_seconds:
+                raise ProtocolError(
+                    f"{self._messages} messages for {self.session.received_seconds:.3f} s of audio: send at "
+                    f"10-100 ms of audio per message", code="too_many_messages")
             if isinstance(message, str):
                 if isinstance(self._parse(message), Stop):
                     return CLOSE_NORMAL
@@ -268,6 +286,9 @@ class Connection:
         if expected is None or getattr(self.ws, "authenticated", False):
             return
         if not token_matches(expected, start.token):
+            address = client_address(self.ws)
+            self.app.auth_failures.record(address)
+            log.warning("session %s: %s token from %s", self.id, "wrong" if start.token else "no", address)
             raise AuthenticationError("missing or wrong token (send it in start, ?token= or Authorization)")
 
     def _speech_end_arrival(self, end: float) -> float:
@@ -349,7 +370,8 @@ class Connection:
         metrics = self.app.metrics
         try:
             while (item := await self.outbox.get()) is not None:
-                await self.ws.send(encode(item.message))
+                if not await self._send(encode(item.message)):
+                    return
                 if isinstance(item.message, Error):
                     metrics.errors.labels(item.message.code).inc()
                 elif isinstance(item.message, Partial):
@@ -363,6 +385,21 @@ class Connection:
         except Exception:  # noqa: BLE001 - a message we cannot encode is a bug; don't leave the stream hanging
             log.exception("session %s: cannot send", self.id)
             await self.ws.close(CLOSE_INTERNAL, "internal_error")
+
+    async def _send(self, text: str) -> bool:
+        """Send one message; a client that does not take it within send_timeout is not reading: its
+        buffers are full, a close frame would not get through either, so the TCP connection is aborted
+        (the outbox stays bounded, and the stream's backpressure has already stopped its audio)."""
+        timeout = self.app.config.send_timeout
+        try:
+            await asyncio.wait_for(self.ws.send(text), timeout)
+            return True
+        except asyncio.TimeoutError:
+            log.warning("session %s: the client took no message for %g s (not reading); dropping it",
+                        self.id, timeout)
+            self.app.metrics.sessions_dropped.labels("not_reading").inc()
+            self.ws.transport.abort()
+            return False
 
     def _final_done(self) -> None:
         self._unsent_finals -= 1

@@ -9,6 +9,7 @@ import email.utils
 import hmac
 import http
 import json
+import logging
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ CONTENT_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
+log = logging.getLogger(__name__)
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one path component, no traversal
 
 
@@ -79,10 +81,19 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     path = urlsplit(request.path).path
     if path == STREAM_PATH:
         if app.config.token is not None:
+            address = str(connection.remote_address[0]) if connection.remote_address else "unknown"
+            wait = app.auth_failures.blocked(address)
+            if wait:  # too many failed token checks from this address: no more guesses for a while
+                app.metrics.sessions_refused.labels("auth_cooldown").inc()
+                refused = response(429, f"too many failed authentications; retry in {wait:.0f} s\n")
+                refused.headers["Retry-After"] = str(max(1, round(wait)))
+                return refused
             given = request_token(request)
             # No token in the handshake is allowed (browsers cannot set headers): `start` may carry it.
             if given is not None and not token_matches(app.config.token, given):
+                app.auth_failures.record(address)
                 app.metrics.sessions_refused.labels("unauthorized").inc()
+                log.warning("refused a stream from %s: wrong token", address)  # never the token itself
                 return response(401, "unauthorized: wrong token\n")
             connection.authenticated = given is not None  # type: ignore[attr-defined]
         return None

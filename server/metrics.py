@@ -43,6 +43,13 @@ class Metrics:
             registry=r,
         )
         self.errors = Counter("unipad_errors", "Error messages sent to clients", ["code"], registry=r)
+        self.sessions_dropped = Counter(
+            "unipad_sessions_dropped", "Streams cut off without a close handshake (client not reading)",
+            ["reason"], registry=r,
+        )
+        self.engine_rebuilds = Counter(
+            "unipad_engine_rebuilds", "Times the engine rebuilt its sessions after a device failure", registry=r
+        )
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

@@ -72,7 +72,7 @@ def parse_client_message(text: str) -> ClientMessage:
     """Parse one text frame from a client; raise ProtocolError with a precise code and message."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays or objects
         raise ProtocolError(f"invalid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ProtocolError("a control message must be a JSON object", code="invalid_json")

@@ -24,6 +24,7 @@ from pipeline.errors import OverloadError
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
+from .access import AuthFailures, install_redaction
 from .config import ServerConfig, segmenter_options
 from .connection import MAX_FINALS_IN_FLIGHT, Connection
 from .http import process_request
@@ -50,6 +51,7 @@ class Server:
         """`engine`: an already built (not yet loaded) engine; default: Engine(config.model, ...)."""
         self.config = config
         self.metrics = Metrics()
+        self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
         self.segmenter_options = segmenter_options(config)
         self.engine = engine
         self.model_name = read_model_directory(config.model).manifest.name
@@ -137,6 +139,7 @@ class Server:
             ssl=self._ssl_context(),
             ping_interval=KEEPALIVE_INTERVAL,
             ping_timeout=KEEPALIVE_INTERVAL,
+            logger=install_redaction(logging.getLogger("websockets.server")),  # debug logs show handshakes
         )
         self._listeners.append(server)
         self.port = server.sockets[0].getsockname()[1]

@@ -70,6 +70,7 @@ class Worker:
         self._finals: deque[Job] = deque()
         self._partials: OrderedDict[str, Job] = OrderedDict()  # session -> its one pending partial
         self._stopping = False
+        self._rebuilds = 0  # engine rebuilds already counted in the metric
         self._thread = threading.Thread(target=self._run, name="unipad-worker", daemon=True)
 
     # ---- event-loop side -----------------------------------------------------------------------------
@@ -177,6 +178,11 @@ class Worker:
 
     def _update_unwarmed(self) -> None:
         self.metrics.unwarmed_shape_calls.set(unwarmed_shape_calls(self.engine))
+        rebuilds = int(getattr(self.engine.stats, "rebuilds", 0))
+        if rebuilds > self._rebuilds:  # the engine counts; the metric follows (a counter only goes up)
+            self.metrics.engine_rebuilds.inc(rebuilds - self._rebuilds)
+            log.warning("the engine rebuilt its sessions (%d so far); now on %s", rebuilds, self.engine.provider)
+            self._rebuilds = rebuilds
 
 
 def unwarmed_shape_calls(engine: Any) -> int:

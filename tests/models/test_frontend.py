@@ -20,7 +20,7 @@ from pipeline.audio import FBANK_FFT, FBANK_SHIFT, FBANK_WINDOW, LFR_SHIFT, LFR_
 
 KNF_TOL = 5e-4
 FLOAT64_TOL = 1e-4
-PADDING_TOL = 1e-6  # a leak of padded samples would be orders of magnitude larger
+PADDING_TOL = 1e-5  # float rounding only (see test_padding_invariance); export.verify's bound too
 PARITY_MVN = Path(__file__).resolve().parents[1] / "fixtures" / "parity" / "am.mvn"
 
 
@@ -83,13 +83,13 @@ def frontend() -> Frontend:
 
 def our_fbank(frontend: Frontend, audio: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        log_mel, lengths = frontend.fbank(torch.from_numpy(np.ascontiguousarray(audio))[None], torch.tensor([len(audio)]))
+        log_mel, lengths = frontend.fbank(torch.from_numpy(np.array(audio))[None], torch.tensor([len(audio)]))
     return log_mel[0, : int(lengths[0])].numpy()
 
 
 def features(frontend: Frontend, buffer: np.ndarray, valid: int) -> tuple[np.ndarray, int]:
     with torch.no_grad():
-        out, lengths = frontend(torch.from_numpy(np.ascontiguousarray(buffer, dtype=np.float32))[None],
+        out, lengths = frontend(torch.from_numpy(np.array(buffer, dtype=np.float32))[None],
                                 torch.tensor([valid]))
     return out[0].numpy(), int(lengths[0])
 
@@ -132,22 +132,28 @@ def test_lfr_and_cmvn_match_funasr(frontend: Frontend, knf_log_mel: np.ndarray, 
     np.testing.assert_array_equal(normalised[: expected.shape[0]].numpy(), cmvn)
 
 
-@pytest.mark.parametrize("padding", ["zeros", "garbage"])
 @pytest.mark.parametrize("valid", [FBANK_WINDOW, FBANK_WINDOW + 1, FBANK_WINDOW + 6 * FBANK_SHIFT - 1, 17_000, None])
-def test_padding_invariance(frontend: Frontend, speech, padding: str, valid: int | None) -> None:
-    """Features of audio alone == the valid rows of the same audio in a longer buffer; padded rows zero."""
+def test_padding_invariance(frontend: Frontend, speech, valid: int | None) -> None:
+    """Features of audio alone == the valid rows of the same audio in a longer buffer; padded rows zero.
+
+    Zero and garbage padding of the same buffer must give bit-identical features (a leak of any padded
+    sample would change them). Against the audio alone the tolerance is float rounding: the strided
+    convolution picks its algorithm by buffer length, which moves log-mel values by up to ~7e-5 (within
+    its float32 error) and normalised features by ~5e-6.
+    """
     audio = speech.audio[:valid] if valid else speech.audio
     alone, alone_length = features(frontend, audio, len(audio))
     assert alone_length == alone.shape[0]
     for extra in (1, FBANK_SHIFT - 1, 3 * SAMPLE_RATE + 7):
-        buffer = np.zeros(len(audio) + extra, np.float32)
-        if padding == "garbage":
-            buffer[:] = np.random.default_rng(extra).uniform(-1, 1, len(buffer))
-        buffer[: len(audio)] = audio
-        padded, length = features(frontend, buffer, len(audio))
-        assert length == alone_length
-        np.testing.assert_allclose(padded[:length], alone, rtol=0, atol=PADDING_TOL)
-        assert not padded[length:].any()
+        zeros = np.zeros(len(audio) + extra, np.float32)
+        garbage = np.random.default_rng(extra).uniform(-1, 1, len(zeros)).astype(np.float32)
+        zeros[: len(audio)] = garbage[: len(audio)] = audio
+        with_zeros, length = features(frontend, zeros, len(audio))
+        with_garbage, garbage_length = features(frontend, garbage, len(audio))
+        assert length == garbage_length == alone_length
+        np.testing.assert_array_equal(with_garbage, with_zeros)
+        np.testing.assert_allclose(with_zeros[:length], alone, rtol=0, atol=PADDING_TOL)
+        assert not with_zeros[length:].any()
 
 
 def test_batch_items_are_independent(frontend: Frontend, speech) -> None:

@@ -321,7 +321,7 @@ def test_io_binding_runner_replays_fixed_buffers(engine):
     """The CUDA-graph path (bound inputs updated in place, outputs in fixed buffers) run on CPU memory."""
     import dataclasses
 
-    from pipeline.engine import SessionRunner
+    from pipeline.providers import SessionRunner
 
     size = seconds_to_samples(4.0)
     config = dataclasses.replace(provider_config("cpu"), io_binding=True)

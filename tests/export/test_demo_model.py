@@ -1,0 +1,97 @@
+"""The shipped demo model (models/demo) through the serving engine, on committed held-out espeak-ng fixtures.
+
+Fixtures: tests/fixtures/demo (made by tests/fixtures/make_demo_fixtures.py): voices whose variants the
+model never heard in training, saying word sequences that were not training texts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import soundfile
+
+from export.evaluate import load_eval_dir, word_errors
+from pipeline.audio import PROMPT_FRAMES, SAMPLE_RATE, seconds_to_samples
+from pipeline.decoding import decode_ctc
+from pipeline.engine import Engine, EngineOptions
+from pipeline.modeldir import read_model_directory
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "models" / "demo"
+FIXTURES = ROOT / "tests" / "fixtures" / "demo"
+
+pytestmark = pytest.mark.skipif(not (DEMO / "manifest.json").is_file(), reason="models/demo is not built")
+
+
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def engine(request) -> Engine:
+    return Engine(DEMO, EngineOptions(device="cpu", precision=request.param, threads=1)).load()
+
+
+@pytest.fixture(scope="module")
+def singles():
+    return load_eval_dir(FIXTURES)
+
+
+def test_model_directory_is_small_and_described() -> None:
+    model = read_model_directory(DEMO)
+    size = sum(p.stat().st_size for p in DEMO.iterdir())
+    assert size < 20 * 1024 * 1024
+    assert set(model.manifest.files) == {"fp32", "int8"}
+    source = model.manifest.source
+    assert source["kind"] == "trained" and "train-demo" in source["command"]
+    assert {"seed", "utterances", "recipe"} <= set(source)
+    assert model.tokens[0] == "<blank>"
+    assert all(t.startswith("\u2581") or t.startswith("<|") for t in model.tokens[1:])
+    assert "demonstration model" in (DEMO / "README.md").read_text(encoding="utf-8")
+
+
+def test_held_out_voices(engine: Engine, singles) -> None:
+    errors = words = 0
+    for item in singles:
+        t = engine.transcribe(item.audio)
+        assert (t.language, t.emotion, t.event) == ("en", "NEUTRAL", "Speech")
+        errors += word_errors(item.text, t.text)
+        words += len(item.text.split())
+    assert errors <= 1, f"{errors} word errors in {words} words"
+
+
+def test_itn_prompt_gives_the_same_words(engine: Engine, singles) -> None:
+    item = singles[0]
+    assert engine.transcribe(item.audio, language="en", itn=True).text == engine.transcribe(item.audio).text
+
+
+def test_padding_does_not_change_the_text(singles) -> None:
+    """The engine's container padding vs. the graph run on exactly the clip's own length."""
+    engine = Engine(DEMO, EngineOptions(device="cpu", precision="fp32", containers=(30.0,), threads=1)).load()
+    model = read_model_directory(DEMO)
+    session = ort.InferenceSession(str(model.onnx_path("fp32")), providers=["CPUExecutionProvider"])
+    for item in singles[:3]:
+        n = len(item.audio)
+        logprobs, lengths = session.run(None, {
+            "audio": item.audio[None].astype(np.float32), "audio_lengths": np.array([n], np.int32),
+            "language": np.array([0], np.int32), "textnorm": np.array([15], np.int32)})
+        unpadded = decode_ctc(logprobs[0], int(lengths[0]), model.tokens)
+        padded_logprobs, padded_length = engine.run(item.audio)
+        assert padded_length == lengths[0]
+        np.testing.assert_allclose(padded_logprobs[:padded_length], logprobs[0][: lengths[0]], atol=2e-3)
+        assert engine.transcribe(item.audio).text == unpadded.text
+        assert padded_length > PROMPT_FRAMES
+
+
+def test_multi_utterance_recording(engine: Engine) -> None:
+    audio, rate = soundfile.read(FIXTURES / "multi.wav", dtype="float32")
+    assert rate == SAMPLE_RATE
+    sidecar = json.loads((FIXTURES / "multi.json").read_text(encoding="utf-8"))
+    whole = engine.transcribe(audio).text
+    expected = [u["text"] for u in sidecar["speech"]]
+    assert word_errors(" ".join(expected), whole) <= 1, whole
+    for u in sidecar["speech"]:
+        clip = audio[max(0, seconds_to_samples(u["start"] - 0.2)): seconds_to_samples(u["end"] + 0.3)]
+        t = engine.transcribe(clip, offset=u["start"] - 0.2)
+        assert word_errors(u["text"], t.text) <= 1, (u["text"], t.text)
+        if t.words:  # token times fall inside the clip
+            assert u["start"] - 0.25 <= t.words[0].start and t.words[-1].end <= u["end"] + 0.35

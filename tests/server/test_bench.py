@@ -1,0 +1,121 @@
+"""Smoke tests of `python -m server.bench`: both benchmarks on the tiny model, the report, and bad input.
+
+Real processes, sockets and ONNX Runtime sessions; no timing is asserted (speed is what the benchmarks
+measure, not what tests check).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
+    """Run the benchmark CLI; (exit code, the last stdout line as JSON or None, stderr)."""
+    done = subprocess.run([sys.executable, "-m", "server.bench", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    lines = done.stdout.strip().splitlines()
+    try:
+        last = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        last = None
+    return done.returncode, last, done.stderr
+
+
+async def bench_async(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
+    """bench() without blocking the event loop (for a server running in this test's loop)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.bench", *args, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    lines = out.decode().strip().splitlines()
+    return process.returncode, json.loads(lines[-1]) if lines else None, err.decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_model_bench_reports_every_policy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    save = tmp_path / "model.json"
+    code, result, err = bench("model", str(tiny_model_dir), "--repeats", "1", "--warmup", "0",
+                              "--lengths", "1,5", "--save", str(save))
+    assert code == 0, err
+    assert result["complete"] and result["command"] == "model"
+    assert json.loads(save.read_text()) == result
+    for precision in ("fp32", "int8"):
+        part = result["precisions"][precision]
+        assert set(part["engine"]["per_container"]) == {"4", "8", "15", "30"}
+        assert part["engine"]["unwarmed_calls"] == 0
+        assert part["engine"]["peak_rss_mib"] > 0 and part["engine"]["session_seconds"] > 0
+        assert set(part["policies"]) == {"fixed", "ladder", "exact"}
+        assert set(part["policies"]["exact"]) == {"1", "5"}
+    assert "container_30s_int8_seconds" in result["targets"]
+
+
+def test_model_bench_refuses_a_missing_or_foreign_directory(tmp_path: Path) -> None:
+    code, _, err = bench("model", str(tmp_path / "nowhere"))
+    assert code == 1 and "does not exist" in err
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "model.onnx").write_bytes(b"not ours")
+    code, _, err = bench("model", str(tmp_path / "foreign"))
+    assert code == 1 and "not a Unipad model directory" in err
+
+
+def test_model_bench_refuses_a_bad_peer_directory(tiny_model_dir: Path, tmp_path: Path) -> None:
+    code, _, err = bench("model", str(tiny_model_dir), "--peer", str(tmp_path))
+    assert code == 1 and "not a peer directory" in err
+
+
+def test_load_bench_starts_a_server_and_loses_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    save = tmp_path / "load.json"
+    code, result, err = bench("load", "--model", str(tiny_model_dir), "--streams", "2", "--seconds", "6",
+                              "--save", str(save))
+    assert code == 0, err
+    assert result["complete"] and result["capacity"] == 2
+    step = result["steps"][0]
+    assert step["lost"] == 0 and step["errors"] == 0 and step["finals"] == step["utterances"] >= 2
+    assert step["latency"]["p95"] is not None and step["server"]["rss_peak_mib"] > 0
+
+    # The report renders both results into its own section and leaves other sections alone.
+    model_json = tmp_path / "model.json"
+    code, _, err = bench("model", str(tiny_model_dir), "--precision", "int8", "--repeats", "1", "--warmup", "0",
+                         "--lengths", "2", "--skip", "fixed", "--save", str(model_json))
+    assert code == 0, err
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Padding invariance\n\nkept\n")
+    for _ in range(2):  # idempotent: the second run replaces its section
+        code, _, err = bench("report", "--model-result", str(model_json), "--load-result", str(save),
+                             "--out", str(doc), "--plot", str(tmp_path / "plot.png"))
+        assert code == 0, err
+    text = doc.read_text()
+    assert "## Padding invariance\n\nkept" in text and text.count("<!-- bench:begin -->") == 1
+    assert "Capacity: 2 concurrent" in text and (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_load_bench_unreachable_server_fails_clearly() -> None:
+    code, result, err = bench("load", "--url", f"ws://127.0.0.1:{free_port()}/v1/stream", "--streams", "1")
+    assert code == 1 and "unreachable" in err
+    assert result["complete"] is False and result["steps"] == []
+
+
+def test_load_bench_rejects_a_remote_url() -> None:
+    code, _, err = bench("load", "--url", "ws://example.com:80/v1/stream")
+    assert code == 2 and "loopback" in err
+
+
+async def test_load_bench_server_refusing_mid_run_keeps_the_measured_steps(serve_test_server) -> None:
+    async with serve_test_server(max_sessions=1) as url:
+        code, result, err = await bench_async("load", "--url", url, "--streams", "1,2", "--seconds", "5")
+    assert code == 1 and "refused" in err
+    assert [s["streams"] for s in result["steps"]] == [1, 2]
+    assert result["steps"][0]["passed"] and result["capacity"] == 1
