@@ -367,7 +367,7 @@ class Engine:
         return outputs
 
     def _recover(self, feed: dict[str, np.ndarray], exc: Exception) -> list[np.ndarray]:
-        """A GPU failed mid-run: rebuild on the same device, else on CPU, then retry this call once."""
+        """The device failed mid-run: rebuild on the same device, else on CPU, then retry this call once."""
         log.error("%s failed (%s); rebuilding", self.provider, exc)
         try:
             self.rebuild()

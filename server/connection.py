@@ -249,7 +249,21 @@ class Connection:
         self.outbox.close()
         if self._sender is not None:
             await asyncio.wait({self._sender}, timeout=SEND_TIMEOUT)
-        await self.ws.close(code, reason[:120])
+        # Read and drop what the client still sends: a client that keeps sending would otherwise fill
+        # websockets' read queue, which then stops reading, and our close frame's answer behind it would
+        # never be seen (the close would wait its full timeout).
+        discard = asyncio.ensure_future(self._discard_incoming())
+        try:
+            await self.ws.close(code, reason[:120])
+        finally:
+            discard.cancel()
+
+    async def _discard_incoming(self) -> None:
+        try:
+            while True:
+                await self.ws.recv()
+        except Exception:  # noqa: BLE001 - ConnectionClosed, or a recv() already waiting elsewhere
+            pass
 
     def _release_jobs(self) -> None:
         self.app.worker.cancel_session(self.id)

@@ -260,6 +260,49 @@ def online_delta(sent: str, snapshot: str) -> str | None:
     return None
 
 
+class ResultWriter:
+    """One input's results as FunASR messages. Stateful because FunASR's clients append every `online` and
+    `2pass-online` text to what they show: a partial goes out as the delta to what its segment has sent."""
+
+    def __init__(self, config: FunasrConfig) -> None:
+        self.config = config  # the connection replaces it when a later message renames the input
+        self._sent: dict[int, str] = {}  # segment -> the text its deltas add up to
+        self._any_online = False
+
+    def partial(self, segment: int, snapshot: str) -> dict[str, Any] | None:
+        """A partial transcript of an open segment -> a delta message, or None when nothing new."""
+        sent = self._sent.get(segment, "")
+        delta = online_delta(sent, snapshot)
+        if delta is None:
+            return None
+        self._sent[segment] = snapshot
+        return partial_message(self.config, self._separate(delta) if not sent else delta)
+
+    def final(self, result: SegmentResult, is_final: bool) -> dict[str, Any] | None:
+        """A segment's final -> its 2pass-offline/offline result; in online mode, the rest of its text as a
+        delta (None when nothing is left and the message is not needed as the input's last)."""
+        sent = self._sent.pop(result.segment, "")
+        if self.config.reply_mode != "online":
+            return final_message(self.config, [result], is_final)
+        delta = online_delta(sent, result.text) or ""
+        if not sent:
+            delta = self._separate(delta)
+        if not delta and not is_final and not result.error:
+            return None
+        message = partial_message(self.config, delta, is_final)
+        if result.error:
+            message["error"] = result.error
+        return message
+
+    def _separate(self, delta: str) -> str:
+        """Online mode: a segment's first text after earlier text starts with a space (clients append)."""
+        if delta and self.config.reply_mode == "online":
+            if self._any_online and not is_cjk(delta[0]):
+                delta = " " + delta
+            self._any_online = True
+        return delta
+
+
 def partial_message(config: FunasrConfig, text: str, is_final: bool = False) -> dict[str, Any]:
     return {"mode": config.partial_mode, "wav_name": config.wav_name, "text": text, "is_final": is_final}
 

@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-result", type=Path, default=DOCS / "bench" / "load.json")
     parser.add_argument("--out", type=Path, default=DOCS / "benchmarks.md")
     parser.add_argument("--plot", type=Path, default=DOCS / "latency_vs_streams.png")
+    parser.add_argument("--notes", type=Path, default=DOCS / "bench" / "notes.md",
+                        help="hand-written analysis inserted after the tables (optional)")
     parser.add_argument("--run", action="store_true", help="run `model` and `load` first (minutes)")
     parser.add_argument("--model", type=Path, default=None, help="with --run: the model directory")
     parser.add_argument("--peer", type=Path, default=None, help="with --run: the peer directory")
@@ -93,6 +95,9 @@ def render(model: dict | None, load: dict | None, args: argparse.Namespace) -> s
         out += render_model(model)
     if load is not None:
         out += render_load(load, args)
+    notes = getattr(args, "notes", None)
+    if notes is not None and Path(notes).is_file():
+        out += [Path(notes).read_text(encoding="utf-8").rstrip(), ""]
     out += ["### How to regenerate", "", "```sh",
             "python -m export sensevoice --random-init full --precision fp32,int8 --out /tmp/sv_full   # ~3 min",
             "/opt/funasr-venv/bin/python -m server.bench.make_peer --out /tmp/sv_peer               # needs funasr",

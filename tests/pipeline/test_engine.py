@@ -340,3 +340,25 @@ def test_io_binding_runner_replays_fixed_buffers(engine):
         results.append((bound[0], plain[0]))
     for bound, plain in results:  # earlier results were not overwritten by later runs
         np.testing.assert_array_equal(bound, plain)
+
+
+def test_device_failure_rebuilds_and_retries_once(tiny_model_dir):
+    eng = Engine(tiny_model_dir, EngineOptions(containers=(4.0,))).load()
+    expected, _ = eng.run(clip(1.0))
+
+    def lost_once(call: int) -> None:
+        if call == 2:
+            raise RuntimeError("CUDA failure 700: an illegal memory access was encountered")
+
+    eng.fault_hook = lost_once
+    got, _ = eng.run(clip(1.0))  # rebuilt and retried: the caller sees a result
+    np.testing.assert_array_equal(got, expected)
+    assert eng.stats.rebuilds == 1 and eng.stats.failures == 1 and eng.ready
+
+    def lost_for_good(call: int) -> None:
+        raise RuntimeError("887A0005 DXGI_ERROR_DEVICE_REMOVED")
+
+    eng.fault_hook = lost_for_good
+    with pytest.raises(InferenceError, match="887A0005"):
+        eng.run(clip(1.0))
+    assert eng.stats.rebuilds == 2  # one rebuild per call, no loop

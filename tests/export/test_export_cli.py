@@ -1,0 +1,270 @@
+"""`python -m export sensevoice` and `python -m export verify`: the tiny random model end to end, a FunASR
+checkpoint directory we make ourselves (the parity fixture's weights plus a tiny sentencepiece model), and
+every bad input ending in one clear `error:` line, a non-zero exit and no directory left behind.
+
+The successful runs go through real subprocesses (the tiny model is conftest's session-wide
+`tiny_model_dir`); the failures call `export.__main__.main(argv)` in-process, the same function the
+command runs, to skip a torch import per case.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export.__main__ import main
+from export.onnx_export import write_model_dir
+from export.verify import MAX_ABS_ERR, MIN_COSINE, make_session
+from models.frontend import FEATURE_SIZE
+from pipeline.audio import SAMPLE_RATE, seconds_to_samples
+from pipeline.modeldir import ModelManifest, read_model_directory
+
+ROOT = Path(__file__).resolve().parents[2]
+PARITY = ROOT / "tests" / "fixtures" / "parity"
+PARITY_CONFIG = json.loads((PARITY / "config.json").read_text(encoding="utf-8"))
+WORDS = "please open the window now seven green apples on the table thank you very much".split()
+TAGS = ["<|zh|>", "<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|withitn|>", "<|woitn|>"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "export", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def train_bpe(path: Path, vocab_size: int) -> list[str]:
+    """A tiny sentencepiece BPE model (the released one's kind) with a few SenseVoice tags; its pieces."""
+    import sentencepiece
+
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        user_defined_symbols=TAGS, minloglevel=2,
+    )
+    path.write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def make_checkpoint(directory: Path, state: dict | None = None, mvn: bytes | None = None,
+                    bpe_vocab: int | None = None, omit: tuple[str, ...] = ()) -> Path:
+    """A released-style model directory: model.pt, am.mvn, config.yaml, *.bpe.model (FunASR's layout)."""
+    directory.mkdir(parents=True)
+    torch.save(torch.load(PARITY / "model.pt", weights_only=True) if state is None else state, directory / "model.pt")
+    (directory / "am.mvn").write_bytes((PARITY / "am.mvn").read_bytes() if mvn is None else mvn)
+    heads = PARITY_CONFIG["model"]["encoder_conf"]["attention_heads"]
+    (directory / "config.yaml").write_text(f"encoder: SenseVoiceEncoderSmall\nencoder_conf:\n  attention_heads: {heads}\n")
+    train_bpe(directory / "tiny.bpe.model", bpe_vocab or PARITY_CONFIG["model"]["vocab_size"])
+    for name in omit:
+        (directory / name).unlink()
+    return directory
+
+
+def parity_state() -> dict:
+    return torch.load(PARITY / "model.pt", weights_only=True)
+
+
+def assert_clean_failure(code: int, stderr: str, out: Path, *words: str) -> None:
+    """Non-zero exit, exactly one `error:` line naming the problem, no traceback, nothing written."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert code != 0
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    assert "Traceback" not in stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert not out.exists()
+    if out.parent.exists():
+        assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]  # no temp sibling
+
+
+def fail(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+# ---- success: random-init tiny, fp32 and int8 ---------------------------------------------------------
+
+def test_random_tiny_export_and_verify_pass(tiny_model_dir: Path) -> None:
+    model = read_model_directory(tiny_model_dir)
+    assert set(model.manifest.files) == {"fp32", "int8"}
+    assert model.manifest.source["kind"] == "random-init" and model.manifest.dimensions["vocab_size"] == len(model.tokens)
+    done = run_cli("verify", str(tiny_model_dir))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = last_json(done.stdout)
+    assert summary["passed"] is True and summary["tokens_equal"] is True
+    assert summary["max_abs_err"] <= MAX_ABS_ERR and summary["cosine"] >= MIN_COSINE
+    assert summary["forbidden_ops"] == [] and summary["static_shapes"] is True
+    assert set(summary["precisions"]) == {"fp32", "int8"}
+    for precision, lengths in summary["precisions"].items():
+        assert set(lengths) == {"5s", "10s", "29s"}, precision
+        for figures in lengths.values():
+            assert figures["max_abs_err"] <= MAX_ABS_ERR and figures["cosine"] >= MIN_COSINE and figures["tokens_equal"]
+
+
+# ---- success: a FunASR checkpoint directory -----------------------------------------------------------
+
+def test_checkpoint_export_matches_funasr(tmp_path: Path) -> None:
+    """The real loading path (strict state_dict, am.mvn, config.yaml heads, sentencepiece tokens) on the
+    parity fixture's FunASR weights; the exported graph reproduces FunASR's log-probs in a container."""
+    import soundfile
+
+    checkpoint = make_checkpoint(tmp_path / "SenseVoiceTiny")
+    pieces = train_bpe(tmp_path / "pieces.model", PARITY_CONFIG["model"]["vocab_size"])
+    out = tmp_path / "exported"
+    done = run_cli("sensevoice", "--checkpoint", str(checkpoint), "--out", str(out), "--precision", "fp32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = read_model_directory(out)
+    assert model.manifest.source["kind"] == "checkpoint"
+    assert list(model.tokens) == pieces
+    assert {model.tokens[i] for ids in model.manifest.tag_tokens.values() for i in ids} == set(TAGS)
+    conf = PARITY_CONFIG["model"]["encoder_conf"]
+    assert {k: model.manifest.dimensions[k] for k in ("output_size", "linear_units", "num_blocks", "tp_blocks")} == {
+        k: conf[k] for k in ("output_size", "linear_units", "num_blocks", "tp_blocks")}
+
+    audio, rate = soundfile.read(PARITY / "audio.wav", dtype="float32")
+    assert rate == SAMPLE_RATE
+    session = make_session(model.onnx_path("fp32"), seconds_to_samples(4.0))
+    container = np.zeros(seconds_to_samples(4.0), np.float32)
+    container[: len(audio)] = audio
+    for run, entry in PARITY_CONFIG["runs"].items():
+        logprobs, lengths = session.run(None, {
+            "audio": container[None], "audio_lengths": np.array([len(audio)], np.int32),
+            "language": np.array([entry["language_row"]], np.int32),
+            "textnorm": np.array([entry["textnorm_row"]], np.int32),
+        })
+        np.testing.assert_allclose(logprobs[0, : int(lengths[0])], np.load(PARITY / f"logprobs_{run}.npy"),
+                                   rtol=0, atol=1e-4)
+
+
+def test_wrapped_state_dict_is_accepted(tmp_path: Path) -> None:
+    from export.sensevoice import checkpoint_model
+
+    checkpoint = make_checkpoint(tmp_path / "wrapped", state={"state_dict": parity_state()})
+    model, tokens = checkpoint_model(checkpoint)
+    assert len(tokens) == model.dims.vocab_size == PARITY_CONFIG["model"]["vocab_size"]
+
+
+# ---- failures ------------------------------------------------------------------------------------------
+
+def _drop(key: str):
+    def mutate(state: dict) -> dict:
+        del state[key]
+        return state
+    return mutate
+
+
+def _set(key: str, value: torch.Tensor):
+    def mutate(state: dict) -> dict:
+        state[key] = value
+        return state
+    return mutate
+
+
+def _mvn(transform) -> bytes:
+    return transform((PARITY / "am.mvn").read_text(encoding="utf-8")).encode()
+
+
+def _long_shift(text: str) -> str:
+    lines = text.split("\n")
+    shift = next(i for i, line in enumerate(lines) if line.startswith("<AddShift>")) + 1
+    lines[shift] = lines[shift].replace(" ]", " 1.5 ]")
+    return "\n".join(lines)
+
+
+def _nan_scale(text: str) -> str:
+    lines = text.split("\n")
+    scale = next(i for i, line in enumerate(lines) if line.startswith("<Rescale>")) + 1
+    values = lines[scale].split(" ")
+    values[3] = "nan"
+    lines[scale] = " ".join(values)
+    return "\n".join(lines)
+
+
+BAD_CHECKPOINTS = {
+    "missing key": (dict(state=_drop("encoder.tp_norm.bias")), ("1 missing", "encoder.tp_norm.bias")),
+    "missing head": (dict(state=_drop("ctc.ctc_lo.weight")), ("missing", "ctc.ctc_lo.weight")),
+    "unexpected key": (dict(state=_set("encoder.extra.weight", torch.zeros(3))), ("1 unexpected", "encoder.extra.weight")),
+    "wrong shape": (dict(state=_set("encoder.tp_norm.bias", torch.zeros(3))), ("wrong shape", "encoder.tp_norm.bias")),
+    "not a checkpoint": (dict(raw_model=b"not a checkpoint" * 8), ("model.pt", "not a PyTorch state_dict")),
+    "am.mvn too long": (dict(mvn=_mvn(_long_shift)), ("am.mvn", f"{FEATURE_SIZE + 1} values, expected {FEATURE_SIZE}")),
+    "am.mvn garbage": (dict(mvn=b"hello\nthis is not a cmvn file\n"), ("am.mvn", "no <AddShift>")),
+    "am.mvn binary": (dict(mvn=bytes(range(256))), ("am.mvn", "not a text file")),
+    "am.mvn nan": (dict(mvn=_mvn(_nan_scale)), ("am.mvn", "<Rescale> has non-finite values")),
+    "no model.pt": (dict(omit=("model.pt",)), ("model.pt is missing",)),
+    "no am.mvn": (dict(omit=("am.mvn",)), ("am.mvn is missing",)),
+    "no bpe model": (dict(omit=("tiny.bpe.model",)), ("no sentencepiece",)),
+    "bpe vocab mismatch": (dict(bpe_vocab=48), ("48 pieces", "64")),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CHECKPOINTS))
+def test_bad_checkpoint_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture, case: str) -> None:
+    spec, words = BAD_CHECKPOINTS[case]
+    spec = dict(spec)
+    raw_model = spec.pop("raw_model", None)
+    if "state" in spec:
+        spec["state"] = spec["state"](parity_state())
+    checkpoint = make_checkpoint(tmp_path / "checkpoint", **spec)
+    if raw_model is not None:
+        (checkpoint / "model.pt").write_bytes(raw_model)
+    out = tmp_path / "models" / "out"
+    code, stderr = fail(capsys, ["sensevoice", "--checkpoint", str(checkpoint), "--out", str(out), "--precision", "fp32"])
+    assert_clean_failure(code, stderr, out, *words)
+
+
+def test_missing_checkpoint_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    code, stderr = fail(capsys, ["sensevoice", "--checkpoint", str(tmp_path / "nowhere"), "--out", str(out)])
+    assert_clean_failure(code, stderr, out, "model.pt is missing")
+
+
+def test_unknown_precision(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    code, stderr = fail(capsys, ["sensevoice", "--random-init", "tiny", "--out", str(out), "--precision", "fp32,fp64"])
+    assert_clean_failure(code, stderr, out, "unknown precision 'fp64'")
+
+
+def test_existing_out_is_refused_and_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, stderr = fail(capsys, ["sensevoice", "--random-init", "tiny", "--out", str(out)])
+    assert code != 0 and stderr.strip().splitlines()[-1].startswith("error: ") and "already exists" in stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_failed_export_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    """A failure inside the export itself (here: not a model at all) removes the half-written sibling."""
+    manifest = ModelManifest(name="x", architecture="sensevoice", dimensions={}, files={}, source={})
+    with pytest.raises(AttributeError):
+        write_model_dir(object(), ["<unk>"], tmp_path / "out", manifest, ("fp32",))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_container_shorter_than_test_audio(tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, stderr = fail(capsys, ["verify", str(tiny_model_dir), "--container", "20"])
+    assert code != 0 and stderr.strip().splitlines() == ["error: the container (20 s) is shorter than the 29 s test audio"]
+
+
+def test_verify_unknown_precision(tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, stderr = fail(capsys, ["verify", str(tiny_model_dir), "--precision", "fp64"])
+    assert code != 0 and len(stderr.strip().splitlines()) == 1 and "no fp64 graph" in stderr
+
+
+def test_verify_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, stderr = fail(capsys, ["verify", str(tmp_path / "nowhere")])
+    assert code != 0 and len(stderr.strip().splitlines()) == 1 and "does not exist" in stderr
