@@ -19,13 +19,23 @@ EXIT_USAGE = 2
 _DEFAULTS = ServerConfig()
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help unless the help already states its default, or the
+    default is None or empty (its help then says what happens without the option)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "(default:" in (action.help or "") or action.default in (None, ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
     p = argparse.ArgumentParser(prog="unipad", description="Unipad ASR: real-time speech recognition server",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model directory (python -m export)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--port", type=int, default=d.port, help="TCP port for WebSocket and HTTP (0: any free port)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or directml (default: $INFERENCE_DEVICE, else auto)")
     p.add_argument("--precision", default=d.precision, help="auto, fp32, int8 or fp16")
     p.add_argument("--containers", type=_containers, default=None,
@@ -54,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-origins", default="", help="comma-separated browser origins allowed (default: any)")
     p.add_argument("--certfile", type=Path, default=None, help="TLS certificate (PEM): serve wss:// and https://")
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
-    p.add_argument("--funasr-port", type=int, default=None, help="also speak the FunASR runtime protocol here")
-    p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS)
+    p.add_argument("--funasr-port", type=int, default=None,
+                   help="also speak the FunASR runtime protocol on this port (default: off)")
+    p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
     return p
 
 

@@ -1,195 +1,37 @@
-"""One WebSocket stream: client messages -> StreamSession -> worker jobs -> messages back.
-
-The only place where UnipadError becomes a close code. Every failure stays inside its connection: the
-error message is sent first, then the close, and the session's waiting jobs are cancelled.
+"""One WebSocket stream on STREAM_PATH: Unipad's messages (server/protocol.py) over the shared machinery
+of server/streaming.py (receiving, backpressure, jobs, sending, closing), which also turns errors into
+close codes.
 """
 from __future__ import annotations
 
-import asyncio
-import collections
 import dataclasses
 import logging
-import time
-import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
-from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
-from pipeline.segmenter import PartialDue, SegmentFinished
+from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
 from pipeline.stream import StreamSession
 
-from .http import token_matches
-from .protocol import (
-    CLOSE_GOING_AWAY,
-    CLOSE_INTERNAL,
-    CLOSE_INVALID_PAYLOAD,
-    CLOSE_NORMAL,
-    CLOSE_POLICY,
-    CLOSE_TOO_BIG,
-    CLOSE_TRY_AGAIN,
-    CLOSE_UNSUPPORTED,
-    MAX_TEXT_MESSAGE,
-    Done,
-    Error,
-    Final,
-    Partial,
-    Ready,
-    Start,
-    Stop,
-    TokenTime,
-    encode,
-    parse_client_message,
-)
-from .worker import FINAL, PARTIAL, Job
+from .protocol import (CLOSE_GOING_AWAY, CLOSE_NORMAL, Done, Error, Final, Partial, Ready, Start, Stop, TokenTime, encode,
+                       parse_client_message)
+from .streaming import FLOOD_BURST, FLOOD_RATE, MAX_FINALS_IN_FLIGHT  # noqa: F401 - re-exported (tests)
+from .streaming import StreamConnection, check_text_size
+from .worker import Job
 
 if TYPE_CHECKING:
     from .server import Server
 
-log = logging.getLogger(__name__)
 
-# Finals one session may have waiting for or in inference. Beyond it the connection stops reading audio
-# (TCP backpressure) until one is sent, so the worker's finals queue is bounded by sessions x this.
-MAX_FINALS_IN_FLIGHT = 4
-SEND_TIMEOUT = 10.0  # seconds a closing connection waits for its last messages to reach the client
-# Message-rate policy against floods of tiny frames (each costs a decode and a loop turn whatever its
-# size): a stream may send at most FLOOD_BURST messages plus FLOOD_RATE per second of audio received,
-# i.e. 2 ms of audio per message on average. Real clients send 10-100 ms per message (an unbatched
-# AudioWorklet quantum, 128 frames, is 2.7 ms at 48 kHz); more messages close the stream with 1008.
-FLOOD_BURST = 1000
-FLOOD_RATE = 500  # messages per second of audio
-_ARRIVALS = 1024  # recent (stream seconds, arrival time) pairs kept for the latency metric
-
-# Error code -> close code. Anything else a client did wrong (bad_order, unknown_type, bad_start,
-# unauthorized, idle_timeout) is a policy violation.
-CLOSE_CODES = {
-    "invalid_json": CLOSE_INVALID_PAYLOAD,
-    "invalid_audio": CLOSE_INVALID_PAYLOAD,
-    "unsupported_audio": CLOSE_UNSUPPORTED,
-    "message_too_big": CLOSE_TOO_BIG,
-    "overloaded": CLOSE_TRY_AGAIN,
-    "internal_error": CLOSE_INTERNAL,
-}
-
-
-def client_address(ws: ServerConnection) -> str:
-    """The client's IP address (no port), for per-address limits and logs."""
-    address = ws.remote_address
-    return str(address[0]) if address else "unknown"
-
-
-def close_code(error: UnipadError) -> int:
-    return CLOSE_CODES.get(error.code, CLOSE_POLICY)
-
-
-class _Gone(Exception):
-    """The WebSocket closed while this connection waited for something else."""
-
-
-@dataclass(frozen=True)
-class _Outgoing:
-    message: Any
-    arrived: float | None = None  # set for a segment's final (or its error): end-of-speech arrival time
-
-
-class Outbox:
-    """Messages on their way to one client, sent in order by one task; at most one partial waits.
-
-    Bounded by construction: a session has at most MAX_FINALS_IN_FLIGHT finals plus a few control
-    messages queued; `limit` turns a bug into an error instead of unbounded memory.
-    """
-
-    def __init__(self, limit: int = MAX_FINALS_IN_FLIGHT + 8) -> None:
-        self._items: collections.deque[_Outgoing] = collections.deque()
-        self._partial: Partial | None = None
-        self._wake = asyncio.Event()
-        self._limit = limit
-        self.closed = False  # no more puts; get() returns None once drained
-
-    def put(self, item: _Outgoing) -> None:
-        if len(self._items) >= self._limit:
-            raise RuntimeError(f"outbox over its bound of {self._limit} messages")
-        self._items.append(item)
-        self._wake.set()
-
-    def put_partial(self, partial: Partial) -> bool:
-        """Queue a partial; returns True when it replaced an unsent one."""
-        replaced = self._partial is not None
-        self._partial = partial
-        self._wake.set()
-        return replaced
-
-    def discard_partial(self, segment: int) -> bool:
-        """Drop the waiting partial if it belongs to `segment` or earlier (its final is coming)."""
-        if self._partial is not None and self._partial.segment <= segment:
-            self._partial = None
-            return True
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake.set()
-
-    async def get(self) -> _Outgoing | None:
-        while True:
-            if self._items:
-                return self._items.popleft()
-            if self._partial is not None and not self.closed:
-                partial, self._partial = self._partial, None
-                return _Outgoing(partial)
-            if self.closed:
-                return None
-            self._wake.clear()
-            await self._wake.wait()
-
-
-class Connection:
+class Connection(StreamConnection):
     """Handles one WebSocket on STREAM_PATH from the handshake to the close."""
 
+    log = logging.getLogger(__name__)
+
     def __init__(self, app: Server, ws: ServerConnection) -> None:
-        self.app = app
-        self.ws = ws
-        self.id = uuid.uuid4().hex[:12]
+        super().__init__(app, ws)
         self.start: Start | None = None
-        self.session: StreamSession | None = None
-        self.outbox = Outbox()
-        self._inflight = asyncio.Semaphore(MAX_FINALS_IN_FLIGHT)
-        self._unsent_finals = 0
-        self._finals_sent = asyncio.Event()
-        self._finals_sent.set()
-        self._jobs: set[Job] = set()  # submitted and not yet delivered
-        self._closed_segment = -1  # highest segment whose SegmentFinished has been seen
         self._segments = 0
-        # (stream seconds received, monotonic time) after each audio message, for the latency metric
-        self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
-        self._sender: asyncio.Task[None] | None = None
-        self._messages = 0  # client messages received (the flood policy)
-
-    # ---- lifecycle -----------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        self._sender = asyncio.create_task(self._send_loop())
-        try:
-            self.app.admit(self)
-            try:
-                await self._serve()
-            finally:
-                self.app.release(self)
-        except UnipadError as exc:
-            log.info("session %s: %s (%s)", self.id, exc, exc.code)
-            await self._close(close_code(exc), exc.code, Error(code=exc.code, message=str(exc)))
-        except (ConnectionClosed, _Gone):
-            log.info("session %s: client went away", self.id)
-        except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
-            log.exception("session %s: internal error", self.id)
-            await self._close(CLOSE_INTERNAL, "internal_error",
-                              Error(code="internal_error", message=f"internal error: {type(exc).__name__}"))
-        finally:
-            self._release_jobs()
-            if not self._sender.done():
-                self._sender.cancel()
 
     async def _serve(self) -> None:
         first = await self._next_message()
@@ -201,7 +43,7 @@ class Connection:
         message = self._parse(first)
         if isinstance(message, Stop):
             raise ProtocolError("stop before start: send a start message first", code="bad_order")
-        self._authenticate(message)
+        self._check_token(message.token, "in start")
         self.app.engine.language_id(message.language)  # ProtocolError bad_start for a language it lacks
         self.start = message
         options = self.app.segmenter_options
@@ -225,146 +67,33 @@ class Connection:
             message = await self._next_message()
             if message is None:
                 return CLOSE_GOING_AWAY
-            self._messages += 1
-            if self._messages > FLOOD_BURST + FLOOD_RATE * self.session.received_seconds:
-                raise ProtocolError(
-                    f"{self._messages} messages for {self.session.received_seconds:.3f} s of audio: send at "
-                    f"10-100 ms of audio per message", code="too_many_messages")
+            self._check_flood(self.session.received_seconds)
             if isinstance(message, str):
                 if isinstance(self._parse(message), Stop):
                     return CLOSE_NORMAL
                 raise ProtocolError("start sent twice: one start per stream", code="bad_order")
-            arrived = time.monotonic()
-            try:
-                events = self.session.feed(message)
-            except AudioFormatError as exc:  # malformed payload (odd length, NaN): 1007, not 1003
-                raise ProtocolError(str(exc), code="invalid_audio") from None
-            self._arrivals.append((self.session.received_seconds, arrived))
-            await self._handle(events)
-
-    async def _close(self, code: int, reason: str, error: Error | None = None) -> None:
-        """Send what is queued (plus `error`), then close with `code`."""
-        if error is not None:
-            self._put(error)
-        self.outbox.close()
-        if self._sender is not None:
-            await asyncio.wait({self._sender}, timeout=SEND_TIMEOUT)
-        # Read and drop what the client still sends: a client that keeps sending would otherwise fill
-        # websockets' read queue, which then stops reading, and our close frame's answer behind it would
-        # never be seen (the close would wait its full timeout).
-        discard = asyncio.ensure_future(self._discard_incoming())
-        try:
-            await self.ws.close(code, reason[:120])
-        finally:
-            discard.cancel()
-
-    async def _discard_incoming(self) -> None:
-        try:
-            while True:
-                await self.ws.recv()
-        except Exception:  # noqa: BLE001 - ConnectionClosed, or a recv() already waiting elsewhere
-            pass
-
-    def _release_jobs(self) -> None:
-        self.app.worker.cancel_session(self.id)
-        for job in self._jobs:
-            job.cancelled = True
-        self._jobs.clear()
-
-    # ---- receiving -----------------------------------------------------------------------------------
-
-    async def _next_message(self) -> str | bytes | None:
-        """The next client message; None when the server starts shutting down; ProtocolError when idle."""
-        recv = asyncio.ensure_future(self.ws.recv())
-        done, _ = await asyncio.wait(
-            {recv, self.app.shutting_down}, timeout=self.app.config.idle_timeout,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        if recv in done:
-            return recv.result()
-        recv.cancel()  # safe: websockets keeps the message for the next recv()
-        if self.app.shutting_down.done():
-            return None
-        raise ProtocolError(f"no message for {self.app.config.idle_timeout:g} s", code="idle_timeout")
+            await self._feed_audio(message)
 
     def _parse(self, text: str) -> Start | Stop:
-        if len(text) > MAX_TEXT_MESSAGE:
-            raise ProtocolError(
-                f"control message of {len(text)} characters (at most {MAX_TEXT_MESSAGE}); send audio as binary",
-                code="message_too_big",
-            )
+        check_text_size(text, "; send audio as binary")
         return parse_client_message(text)
 
-    def _authenticate(self, start: Start) -> None:
-        expected = self.app.config.token
-        if expected is None or getattr(self.ws, "authenticated", False):
-            return
-        if not token_matches(expected, start.token):
-            address = client_address(self.ws)
-            self.app.auth_failures.record(address)
-            log.warning("session %s: %s token from %s", self.id, "wrong" if start.token else "no", address)
-            raise AuthenticationError("missing or wrong token (send it in start, ?token= or Authorization)")
+    # ---- the wire format of results -------------------------------------------------------------------
 
-    def _speech_end_arrival(self, end: float) -> float:
-        """When the audio at stream time `end` reached the server (the oldest kept, if it is older)."""
-        while len(self._arrivals) > 1 and self._arrivals[0][0] < end:
-            self._arrivals.popleft()
-        return self._arrivals[0][1] if self._arrivals else time.monotonic()
+    def _error(self, code: str, message: str) -> Error:
+        return Error(code=code, message=message)
 
-    async def _until_closed(self, awaitable: Awaitable[Any]) -> Any:
-        """Await `awaitable` unless the WebSocket closes first (then raise _Gone)."""
-        task = asyncio.ensure_future(awaitable)
-        closed = asyncio.ensure_future(self.ws.wait_closed())
-        await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
-        closed.cancel()
-        if not task.done():
-            task.cancel()
-            raise _Gone()
-        return task.result()
-
-    # ---- segments and jobs ---------------------------------------------------------------------------
-
-    async def _handle(self, events: list[Any]) -> None:
+    def _job_options(self) -> dict[str, Any]:
         assert self.start is not None
-        for event in events:
-            if isinstance(event, SegmentFinished):
-                self._closed_segment = event.segment
-                if self.outbox.discard_partial(event.segment):
-                    self.app.metrics.partials_dropped.inc()
-                self._segments += 1
-                if self._inflight.locked():  # backpressure: stop reading until a final is sent
-                    await self._until_closed(self._inflight.acquire())
-                else:
-                    await self._inflight.acquire()
-                self._unsent_finals += 1
-                self._finals_sent.clear()
-                self._submit(event, FINAL, arrived=self._speech_end_arrival(event.end))
-            elif isinstance(event, PartialDue):
-                self._submit(event, PARTIAL)
-            # SpeechStarted has no message of its own: the first partial shows the segment.
+        return {"deliver": self._on_result, "language": self.start.language, "itn": self.start.itn}
 
-    def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
-        assert self.start is not None
-        job = Job(
-            session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
-            audio_start=event.audio_start, audio=event.audio, deliver=self._on_result,
-            language=self.start.language, itn=self.start.itn, arrived=arrived,
-        )
-        self._jobs.add(job)
-        self.app.worker.submit(job)
+    def _count_final(self) -> None:
+        self._segments += 1
 
-    def _on_result(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
-        """Called on the event loop by the worker with one job's result."""
-        self._jobs.discard(job)
-        if job.cancelled:
-            return
-        if job.kind == PARTIAL:
-            if error is not None or job.segment <= self._closed_segment:
-                self.app.metrics.partials_dropped.inc()  # stale: the segment's final is on its way
-                return
-            if self.outbox.put_partial(Partial(job.segment, transcript.text, job.start, job.end)):
-                self.app.metrics.partials_dropped.inc()
-            return
+    def _partial_item(self, job: Job, transcript: Any) -> Partial:
+        return Partial(job.segment, transcript.text, job.start, job.end)
+
+    def _on_final(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
         if error is not None:
             message: Any = Error(code=error.code, message=str(error), segment=job.segment)
         else:
@@ -375,48 +104,11 @@ class Connection:
             )
         self._put(message, arrived=job.arrived)
 
-    # ---- sending -------------------------------------------------------------------------------------
+    def _render(self, message: Any) -> str:
+        return encode(message)
 
-    def _put(self, message: Any, arrived: float | None = None) -> None:
-        self.outbox.put(_Outgoing(message, arrived))
-
-    async def _send_loop(self) -> None:
-        metrics = self.app.metrics
-        try:
-            while (item := await self.outbox.get()) is not None:
-                if not await self._send(encode(item.message)):
-                    return
-                if isinstance(item.message, Error):
-                    metrics.errors.labels(item.message.code).inc()
-                elif isinstance(item.message, Partial):
-                    metrics.partials.inc()
-                if item.arrived is not None:  # a segment's final or its inference error
-                    metrics.segments.inc()
-                    metrics.final_latency.observe(time.monotonic() - item.arrived)
-                    self._final_done()
-        except ConnectionClosed:
-            pass
-        except Exception:  # noqa: BLE001 - a message we cannot encode is a bug; don't leave the stream hanging
-            log.exception("session %s: cannot send", self.id)
-            await self.ws.close(CLOSE_INTERNAL, "internal_error")
-
-    async def _send(self, text: str) -> bool:
-        """Send one message; a client that does not take it within send_timeout is not reading: its
-        buffers are full, a close frame would not get through either, so the TCP connection is aborted
-        (the outbox stays bounded, and the stream's backpressure has already stopped its audio)."""
-        timeout = self.app.config.send_timeout
-        try:
-            await asyncio.wait_for(self.ws.send(text), timeout)
-            return True
-        except asyncio.TimeoutError:
-            log.warning("session %s: the client took no message for %g s (not reading); dropping it",
-                        self.id, timeout)
-            self.app.metrics.sessions_dropped.labels("not_reading").inc()
-            self.ws.transport.abort()
-            return False
-
-    def _final_done(self) -> None:
-        self._unsent_finals -= 1
-        self._inflight.release()
-        if self._unsent_finals == 0:
-            self._finals_sent.set()
+    def _sent(self, message: Any) -> None:
+        if isinstance(message, Error):
+            self.app.metrics.errors.labels(message.code).inc()
+        elif isinstance(message, Partial):
+            self.app.metrics.partials.inc()

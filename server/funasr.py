@@ -1,7 +1,8 @@
 """FunASR runtime protocol adapter: FunASR's own clients, unchanged, on a port of their own (`--funasr-port`).
 
-The same StreamSession, worker, admission control (`--max-sessions`) and metrics as the Unipad endpoint
-(server/connection.py); only the messages differ (server/funasr_protocol.py, docs/protocol.md).
+The same StreamSession, worker, admission control (`--max-sessions`), metrics and connection machinery
+(server/streaming.py) as the Unipad endpoint (server/connection.py); only the messages differ
+(server/funasr_protocol.py, docs/protocol.md).
 FunASR's conventions that shape this module:
   * one connection may carry several inputs in a row (its offline file client sends file after file):
     each input ends with {"is_speaking": false}; a later JSON message or audio starts the next one;
@@ -12,35 +13,30 @@ FunASR's conventions that shape this module:
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import functools
 import io
 import logging
-import time
-import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
 from websockets.asyncio.server import Server as WebSocketServer, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from pipeline.audio import SAMPLE_RATE, AudioFormat, resample
-from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
-from pipeline.segmenter import PartialDue, SegmentFinished
+from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
 from pipeline.stream import StreamSession
 
 from .access import install_redaction
-from .connection import FLOOD_BURST, FLOOD_RATE, MAX_FINALS_IN_FLIGHT, SEND_TIMEOUT, Outbox, client_address, close_code
 from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrConfig, ResultWriter, SegmentResult, Word,
                               ack_message, encode, end_message, error_message, final_message, parse_control)
-from .http import request_token, response, token_matches
-from .protocol import CLOSE_GOING_AWAY, CLOSE_INTERNAL, MAX_TEXT_MESSAGE
+from .http import check_handshake_token, response
+from .protocol import CLOSE_GOING_AWAY
 from .server import KEEPALIVE_INTERVAL
-from .worker import FINAL, PARTIAL, Job
+from .streaming import StreamConnection, check_text_size
+from .worker import Job
 
 if TYPE_CHECKING:
     import ssl as ssl_module
@@ -87,32 +83,11 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
             return response(200, "ok\n")
         return response(200, "Unipad ASR: FunASR runtime WebSocket protocol on this port "
                               f"(subprotocol \"{SUBPROTOCOL}\"); see docs/funasr.md\n")
-    if app.config.token is not None:  # the same policy as the Unipad endpoint (server/http.py)
-        address = str(connection.remote_address[0]) if connection.remote_address else "unknown"
-        wait = app.auth_failures.blocked(address)
-        if wait:
-            app.metrics.sessions_refused.labels("auth_cooldown").inc()
-            refused = response(429, f"too many failed authentications; retry in {wait:.0f} s\n")
-            refused.headers["Retry-After"] = str(max(1, round(wait)))
-            return refused
-        given = request_token(request)
-        if given is not None and not token_matches(app.config.token, given):
-            app.auth_failures.record(address)
-            app.metrics.sessions_refused.labels("unauthorized").inc()
-            log.warning("refused a FunASR stream from %s: wrong token", address)
-            return response(401, "unauthorized: wrong token\n")
-        connection.authenticated = given is not None  # type: ignore[attr-defined]
-    return None
+    return check_handshake_token(app, connection, request, "a FunASR stream")  # as the Unipad endpoint's
 
 
 async def _serve_connection(app: Server, ws: ServerConnection) -> None:
-    task = asyncio.current_task()
-    assert task is not None
-    app._handlers.add(task)  # so a graceful shutdown drains FunASR streams too
-    try:
-        await FunasrConnection(app, ws).run()
-    finally:
-        app._handlers.discard(task)
+    await app.serve_stream(FunasrConnection(app, ws))  # so a graceful shutdown drains FunASR streams too
 
 
 def decode_file(data: bytes, wav_format: str) -> np.ndarray:
@@ -132,16 +107,6 @@ def decode_file(data: bytes, wav_format: str) -> np.ndarray:
     return np.clip(resample(mono, rate), -1.0, 1.0)
 
 
-class _Gone(Exception):
-    """The WebSocket closed while this connection waited for something else."""
-
-
-@dataclass(frozen=True)
-class _Item:
-    message: Any  # a dict, a _Snapshot or a _SegmentDone (rendered when sent)
-    arrived: float | None = None  # set for a segment's final: end-of-speech arrival time
-
-
 @dataclass(frozen=True)
 class _Snapshot:
     """A partial transcript of the open segment; sent as the delta to what was sent before."""
@@ -156,23 +121,17 @@ class _SegmentDone:
     is_final: bool  # the last message of the input
 
 
-class FunasrConnection:
+class FunasrConnection(StreamConnection):
     """One FunASR client connection, from the handshake to the close; one input at a time."""
 
+    log = logging.getLogger(__name__)
+    log_name = "funasr session"
+    went_away = "closed by the client"
+    internal_message = "Internal error: {}."
+
     def __init__(self, app: Server, ws: ServerConnection) -> None:
-        self.app = app
-        self.ws = ws
-        self.id = uuid.uuid4().hex[:12]
+        super().__init__(app, ws)
         self.config = FunasrConfig()
-        self.session: StreamSession | None = None
-        self.outbox = Outbox()
-        self._inflight = asyncio.Semaphore(MAX_FINALS_IN_FLIGHT)
-        self._unsent_finals = 0
-        self._finals_sent = asyncio.Event()
-        self._finals_sent.set()
-        self._jobs: set[Job] = set()
-        self._sender: asyncio.Task[None] | None = None
-        self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1024)
         self._input = 0  # inputs started on this connection; results of an older one are dropped
         self._reset_input()
 
@@ -187,32 +146,7 @@ class FunasrConnection:
         self._arrivals.clear()
         self._messages = 0  # client messages in this input (the flood policy)
 
-    # ---- lifecycle -----------------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        self._sender = asyncio.create_task(self._send_loop())
-        try:
-            self.app.admit(self)  # type: ignore[arg-type]  # only its identity is used
-            try:
-                await self._serve()
-            finally:
-                self.app.release(self)  # type: ignore[arg-type]
-        except UnipadError as exc:
-            log.info("funasr session %s: %s (%s)", self.id, exc, exc.code)
-            await self._close(close_code(exc), exc.code, error_message(self.config.wav_name, exc.code, str(exc)))
-        except (ConnectionClosed, _Gone):
-            log.info("funasr session %s: closed by the client", self.id)
-        except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
-            log.exception("funasr session %s: internal error", self.id)
-            await self._close(CLOSE_INTERNAL, "internal_error", error_message(
-                self.config.wav_name, "internal_error", f"Internal error: {type(exc).__name__}."))
-        finally:
-            self.app.worker.cancel_session(self.id)
-            for job in self._jobs:
-                job.cancelled = True
-            self._jobs.clear()
-            if not self._sender.done():
-                self._sender.cancel()
+    # ---- the conversation ------------------------------------------------------------------------------
 
     async def _serve(self) -> None:
         message = await self._next_message()
@@ -223,7 +157,7 @@ class FunasrConnection:
             raise ProtocolError('audio before the JSON configuration message: send {"mode": …} first',
                                 code="bad_order")
         control = self._parse(message, FunasrConfig())
-        self._authenticate(control.config)
+        self._check_token(control.config.token, 'as "token" in the first message')
         audio: bytes | None = None
         while True:
             if await self._run_input(control, audio):
@@ -249,7 +183,7 @@ class FunasrConnection:
             if message is None:
                 await self._finish_input(ack=False)
                 return True
-            self._check_flood()
+            self._check_flood(self._input_seconds())
             if isinstance(message, bytes):
                 await self._feed(message)
                 continue
@@ -268,9 +202,9 @@ class FunasrConnection:
         self._reset_input()
         self.outbox.discard_partial(1 << 62)
         if config.hotwords:
-            log.info("funasr session %s: hotwords are not supported yet; ignored", self.id)
+            self.log.info("funasr session %s: hotwords are not supported yet; ignored", self.id)
         if config.unknown:
-            log.debug("funasr session %s: ignoring unknown field(s) %s", self.id, ", ".join(config.unknown))
+            self.log.debug("funasr session %s: ignoring unknown field(s) %s", self.id, ", ".join(config.unknown))
         options = self.app.segmenter_options
         if config.reply_mode == "offline":  # no partials to send: don't compute them
             options = dataclasses.replace(options, partial_interval=0.0)
@@ -294,65 +228,20 @@ class FunasrConnection:
             self._put(ack_message(self.config))
 
     async def _close(self, code: int, reason: str, error: dict[str, Any] | None = None) -> None:
-        if error is not None:
+        if error is not None:  # counted here: the send loop does not look inside FunASR's messages
             self.app.metrics.errors.labels(error["code"]).inc()
-            self._put(error)
-        self.outbox.close()
-        if self._sender is not None:
-            await asyncio.wait({self._sender}, timeout=SEND_TIMEOUT)
-        discard = asyncio.ensure_future(self._discard_incoming())  # so the client's close answer gets read
-        try:
-            await self.ws.close(code, reason[:120])
-        finally:
-            discard.cancel()
-
-    async def _discard_incoming(self) -> None:
-        try:
-            while True:
-                await self.ws.recv()
-        except Exception:  # noqa: BLE001 - ConnectionClosed, or a recv() already waiting elsewhere
-            pass
+        await super()._close(code, reason, error)
 
     # ---- receiving -----------------------------------------------------------------------------------
 
-    async def _next_message(self) -> str | bytes | None:
-        """The next client message; None when the server starts shutting down; ProtocolError when idle."""
-        recv = asyncio.ensure_future(self.ws.recv())
-        done, _ = await asyncio.wait({recv, self.app.shutting_down}, timeout=self.app.config.idle_timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if recv in done:
-            return recv.result()
-        recv.cancel()  # safe: websockets keeps the message for the next recv()
-        if self.app.shutting_down.done():
-            return None
-        raise ProtocolError(f"no message for {self.app.config.idle_timeout:g} s", code="idle_timeout")
-
-    def _check_flood(self) -> None:
-        """The Unipad endpoint's message-rate policy (server/connection.py), per input; a file's bytes count
-        as 16 kHz PCM16 would."""
+    def _input_seconds(self) -> float:
+        """Audio received in this input, for the flood policy; a file's bytes count as 16 kHz PCM16 would."""
         assert self.session is not None
-        self._messages += 1
-        seconds = self.session.received_seconds if self.config.pcm else len(self._file) / (2 * SAMPLE_RATE)
-        if self._messages > FLOOD_BURST + FLOOD_RATE * seconds:
-            raise ProtocolError(f"{self._messages} messages for {seconds:.3f} s of audio: send at 10-100 ms "
-                                "of audio per message", code="too_many_messages")
+        return self.session.received_seconds if self.config.pcm else len(self._file) / (2 * SAMPLE_RATE)
 
     def _parse(self, text: str, previous: FunasrConfig) -> Control:
-        if len(text) > MAX_TEXT_MESSAGE:
-            raise ProtocolError(f"control message of {len(text)} characters (at most {MAX_TEXT_MESSAGE})",
-                                code="message_too_big")
+        check_text_size(text)
         return parse_control(text, previous)
-
-    def _authenticate(self, config: FunasrConfig) -> None:
-        expected = self.app.config.token
-        if expected is None or getattr(self.ws, "authenticated", False):
-            return
-        if not token_matches(expected, config.token):
-            address = client_address(self.ws)
-            self.app.auth_failures.record(address)
-            log.warning("funasr session %s: %s token from %s", self.id, "wrong" if config.token else "no", address)
-            raise AuthenticationError("missing or wrong token (send it as \"token\" in the first message, "
-                                      "?token= or Authorization)")
 
     async def _feed(self, data: bytes) -> None:
         assert self.session is not None
@@ -366,17 +255,11 @@ class FunasrConnection:
         self._carry = data[-1:] if len(data) % 2 else b""
         if self._carry:
             data = data[:-1]
-        if not data:
-            return
-        arrived = time.monotonic()
-        try:
-            events = self.session.feed(data)
-        except AudioFormatError as exc:
-            raise ProtocolError(str(exc), code="invalid_audio") from None
-        self._arrivals.append((self.session.received_seconds, arrived))
-        await self._handle(events)
+        if data:
+            await self._feed_audio(data)
 
     async def _feed_file(self) -> None:
+        """Decode the whole file (off the loop) and feed it; its speech-end times are now (see _arrivals)."""
         assert self.session is not None
         data, self._file = bytes(self._file), bytearray()
         if not data:
@@ -385,49 +268,14 @@ class FunasrConnection:
         for i in range(0, len(audio), FILE_FEED_SAMPLES):
             await self._handle(self.session.feed(audio[i:i + FILE_FEED_SAMPLES].astype("<f4").tobytes()))
 
-    def _speech_end_arrival(self, end: float) -> float:
-        """When the audio at input time `end` reached the server (now for a file decoded at its end)."""
-        while len(self._arrivals) > 1 and self._arrivals[0][0] < end:
-            self._arrivals.popleft()
-        return self._arrivals[0][1] if self._arrivals else time.monotonic()
+    # ---- results ---------------------------------------------------------------------------------------
 
-    async def _until_closed(self, awaitable: Awaitable[Any]) -> Any:
-        task = asyncio.ensure_future(awaitable)
-        closed = asyncio.ensure_future(self.ws.wait_closed())
-        await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
-        closed.cancel()
-        if not task.done():
-            task.cancel()
-            raise _Gone()
-        return task.result()
+    def _error(self, code: str, message: str) -> dict[str, Any]:
+        return error_message(self.config.wav_name, code, message)
 
-    # ---- segments and jobs ---------------------------------------------------------------------------
-
-    async def _handle(self, events: list[Any]) -> None:
-        for event in events:
-            if isinstance(event, SegmentFinished):
-                self._closed_segment = event.segment
-                if self.outbox.discard_partial(event.segment):
-                    self.app.metrics.partials_dropped.inc()
-                if self._inflight.locked():  # backpressure: stop reading until a final is sent
-                    await self._until_closed(self._inflight.acquire())
-                else:
-                    await self._inflight.acquire()
-                self._unsent_finals += 1
-                self._finals_sent.clear()
-                self._outstanding += 1
-                self._submit(event, FINAL, arrived=self._speech_end_arrival(event.end))
-            elif isinstance(event, PartialDue):
-                self._submit(event, PARTIAL)
-
-    def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
-        job = Job(
-            session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
-            audio_start=event.audio_start, audio=event.audio, deliver=functools.partial(self._on_result, self._input),
-            language=self.config.svs_lang, itn=self._itn(), arrived=arrived,
-        )
-        self._jobs.add(job)
-        self.app.worker.submit(job)
+    def _job_options(self) -> dict[str, Any]:
+        return {"deliver": functools.partial(self._on_input_result, self._input), "language": self.config.svs_lang,
+                "itn": self._itn()}
 
     def _itn(self) -> bool:
         if not self.config.use_itn:
@@ -438,17 +286,20 @@ class FunasrConnection:
             return False
         return True
 
-    def _on_result(self, input_no: int, job: Job, transcript: Any, error: UnipadError | None) -> None:
-        """Called on the event loop by the worker with one job's result."""
-        self._jobs.discard(job)
-        if job.cancelled or input_no != self._input:
+    def _count_final(self) -> None:
+        self._outstanding += 1
+
+    def _on_input_result(self, input_no: int, job: Job, transcript: Any, error: UnipadError | None) -> None:
+        """A job's result; dropped when it belongs to an earlier input."""
+        if input_no != self._input:
+            self._jobs.discard(job)
             return
-        if job.kind == PARTIAL:
-            if error is not None or job.segment <= self._closed_segment:
-                self.app.metrics.partials_dropped.inc()  # stale: the segment's final is on its way
-            elif self.outbox.put_partial(_Snapshot(job.segment, transcript.text)):  # type: ignore[arg-type]
-                self.app.metrics.partials_dropped.inc()
-            return
+        self._on_result(job, transcript, error)
+
+    def _partial_item(self, job: Job, transcript: Any) -> _Snapshot:
+        return _Snapshot(job.segment, transcript.text)
+
+    def _on_final(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
         self._outstanding -= 1
         result = _segment_result(job, transcript, error)
         if self.config.whole_input:  # held for the one message of the whole input
@@ -457,60 +308,20 @@ class FunasrConnection:
             self._final_done()
             return
         is_final = self._ending and self._outstanding == 0
-        self.outbox.put(_Item(_SegmentDone(result, is_final), arrived=job.arrived))  # type: ignore[arg-type]
+        self._put(_SegmentDone(result, is_final), arrived=job.arrived)
 
-    # ---- sending -------------------------------------------------------------------------------------
-
-    def _put(self, message: dict[str, Any]) -> None:
-        self.outbox.put(_Item(message))  # type: ignore[arg-type]
-
-    async def _send_loop(self) -> None:
-        metrics = self.app.metrics
-        try:
-            while (item := await self.outbox.get()) is not None:
-                message = self._render(item.message)
-                if message is not None and not await self._send(encode(message)):
-                    return
-                if item.arrived is not None:  # a segment's final
-                    metrics.segments.inc()
-                    metrics.final_latency.observe(time.monotonic() - item.arrived)
-                    self._final_done()
-        except ConnectionClosed:
-            pass
-        except Exception:  # noqa: BLE001 - a message we cannot encode is a bug; don't leave the stream hanging
-            log.exception("funasr session %s: cannot send", self.id)
-            await self.ws.close(CLOSE_INTERNAL, "internal_error")
-
-    async def _send(self, text: str) -> bool:
-        """Send one message; a client that takes none for send_timeout is not reading: abort its connection
-        (as the Unipad endpoint does)."""
-        try:
-            await asyncio.wait_for(self.ws.send(text), self.app.config.send_timeout)
-            return True
-        except asyncio.TimeoutError:
-            log.warning("funasr session %s: the client took no message for %g s; dropping it", self.id,
-                        self.app.config.send_timeout)
-            self.app.metrics.sessions_dropped.labels("not_reading").inc()
-            self.ws.transport.abort()
-            return False
-
-    def _render(self, item: Any) -> dict[str, Any] | None:
-        """The JSON object for an outgoing item, computed when it is sent (deltas depend on what was sent)."""
+    def _render(self, item: Any) -> str | None:
+        """The text frame for an outgoing item, computed when it is sent (deltas depend on what was sent)."""
         self._writer.config = self.config
         if isinstance(item, _Snapshot):
             message = self._writer.partial(item.segment, item.text)
             if message is not None:
                 self.app.metrics.partials.inc()
-            return message
-        if isinstance(item, _SegmentDone):
-            return self._writer.final(item.result, item.is_final)
-        return item
-
-    def _final_done(self) -> None:
-        self._unsent_finals -= 1
-        self._inflight.release()
-        if self._unsent_finals == 0:
-            self._finals_sent.set()
+        elif isinstance(item, _SegmentDone):
+            message = self._writer.final(item.result, item.is_final)
+        else:
+            message = item  # a dict built by funasr_protocol
+        return None if message is None else encode(message)
 
 
 def _segment_result(job: Job, transcript: Any, error: UnipadError | None) -> SegmentResult:

@@ -76,27 +76,40 @@ def static_file(path: str) -> Response:
     return response(200, file.read_bytes(), content_type)
 
 
+def client_address(ws: ServerConnection) -> str:
+    """The client's IP address (no port), for per-address limits and logs."""
+    address = ws.remote_address
+    return str(address[0]) if address else "unknown"
+
+
+def check_handshake_token(app: Server, connection: ServerConnection, request: Request, what: str) -> Response | None:
+    """The token policy of a stream handshake (`what`: "a stream", for the log): an HTTP error response
+    for an address in its cooldown or a wrong token, else None (the handshake goes on). A handshake
+    without a token is allowed (browsers cannot set headers): the first message may carry it."""
+    if app.config.token is None:
+        return None
+    address = client_address(connection)
+    wait = app.auth_failures.blocked(address)
+    if wait:  # too many failed token checks from this address: no more guesses for a while
+        app.metrics.sessions_refused.labels("auth_cooldown").inc()
+        refused = response(429, f"too many failed authentications; retry in {wait:.0f} s\n")
+        refused.headers["Retry-After"] = str(max(1, round(wait)))
+        return refused
+    given = request_token(request)
+    if given is not None and not token_matches(app.config.token, given):
+        app.auth_failures.record(address)
+        app.metrics.sessions_refused.labels("unauthorized").inc()
+        log.warning("refused %s from %s: wrong token", what, address)  # never the token itself
+        return response(401, "unauthorized: wrong token\n")
+    connection.authenticated = given is not None  # type: ignore[attr-defined]
+    return None
+
+
 def process_request(app: Server, connection: ServerConnection, request: Request) -> Response | None:
     """Route one handshake request: answer HTTP, or return None to accept the WebSocket."""
     path = urlsplit(request.path).path
     if path == STREAM_PATH:
-        if app.config.token is not None:
-            address = str(connection.remote_address[0]) if connection.remote_address else "unknown"
-            wait = app.auth_failures.blocked(address)
-            if wait:  # too many failed token checks from this address: no more guesses for a while
-                app.metrics.sessions_refused.labels("auth_cooldown").inc()
-                refused = response(429, f"too many failed authentications; retry in {wait:.0f} s\n")
-                refused.headers["Retry-After"] = str(max(1, round(wait)))
-                return refused
-            given = request_token(request)
-            # No token in the handshake is allowed (browsers cannot set headers): `start` may carry it.
-            if given is not None and not token_matches(app.config.token, given):
-                app.auth_failures.record(address)
-                app.metrics.sessions_refused.labels("unauthorized").inc()
-                log.warning("refused a stream from %s: wrong token", address)  # never the token itself
-                return response(401, "unauthorized: wrong token\n")
-            connection.authenticated = given is not None  # type: ignore[attr-defined]
-        return None
+        return check_handshake_token(app, connection, request, "a stream")
     if path == "/healthz":
         return response(200, "ok\n")
     if path == "/readyz":

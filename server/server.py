@@ -26,10 +26,11 @@ from pipeline.providers import resolve_device
 
 from .access import AuthFailures, install_redaction
 from .config import ServerConfig, segmenter_options
-from .connection import MAX_FINALS_IN_FLIGHT, Connection
+from .connection import Connection
 from .http import process_request
 from .metrics import Metrics
 from .protocol import STREAM_PATH
+from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,9 @@ class Server:
         self.engine = engine
         self.model_name = read_model_directory(config.model).manifest.name
         self.worker: Worker | None = None
-        self.connections: set[Connection] = set()
+        self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
+        self.funasr_port: int | None = None  # the FunASR adapter's bound port, once listening (server/funasr.py)
         self.listening = asyncio.Event()  # set once the port is bound
         self.stopped = asyncio.Event()  # set once shutdown has finished
         self.shutting_down: asyncio.Future[None]  # done when shutdown begins; connections wait on it
@@ -91,7 +93,7 @@ class Server:
             return 503, {"status": "saturated", **body}
         return 200, {"status": "ready", **body}
 
-    def admit(self, connection: Connection) -> None:
+    def admit(self, connection: StreamConnection) -> None:
         """Count a new stream in, or raise OverloadError (warming up or full): the client may retry."""
         if not self.ready:
             self.metrics.sessions_refused.labels("warming_up").inc()
@@ -103,7 +105,7 @@ class Server:
         self.metrics.sessions_total.inc()
         self.metrics.sessions_active.set(len(self.connections))
 
-    def release(self, connection: Connection) -> None:
+    def release(self, connection: StreamConnection) -> None:
         self.connections.discard(connection)
         self.metrics.sessions_active.set(len(self.connections))
 
@@ -181,11 +183,15 @@ class Server:
         await self._should_exit.wait()
 
     async def _handle(self, ws: ServerConnection) -> None:
+        await self.serve_stream(Connection(self, ws))
+
+    async def serve_stream(self, connection: StreamConnection) -> None:
+        """Run one stream (of either endpoint) to its end; a graceful shutdown waits for it to drain."""
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
         try:
-            await Connection(self, ws).run()
+            await connection.run()
         finally:
             self._handlers.discard(task)
 

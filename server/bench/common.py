@@ -141,3 +141,10 @@ def emit(result: dict[str, Any], save: Path | None) -> None:
 def say(message: str) -> None:
     """Progress and tables go to stderr, so the last stdout line is always the JSON."""
     print(message, file=sys.stderr, flush=True)
+
+
+def command_line() -> str:
+    """How this benchmark was invoked, for the report."""
+    import shlex
+
+    return "python -m server.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -21,13 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-import psutil
 
 from pipeline.audio import SAMPLE_RATE, load_audio
 from pipeline.errors import UnipadError
@@ -43,7 +35,8 @@ from pipeline.modeldir import read_model_directory
 from pipeline.segmenter import SegmenterOptions
 from server.protocol import STREAM_PATH
 
-from .common import FIXTURES, emit, machine, mib, percentiles, say
+from .common import FIXTURES, command_line, emit, machine, percentiles, say
+from .serverproc import ServerProcess, http_get, listening_pid, metric, sample_process
 
 DEFAULT_STREAMS = "1,2,4,8,12,16,20,24,32"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -203,109 +196,6 @@ def score(results: list[ClientResult], end_silence: float, partial_interval: flo
     }
 
 
-# ---- the server ------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def http_get(host: str, port: int, path: str, timeout: float = 5.0) -> tuple[int, str]:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body.decode("utf-8", "replace")
-
-
-def metric(text: str, name: str) -> float:
-    """Sum of a Prometheus metric's samples (all label sets) in exposition text; 0 when absent."""
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
-
-
-class ServerProcess:
-    """`python -m server` on 127.0.0.1 at a free port, started and stopped by the benchmark."""
-
-    def __init__(self, args: argparse.Namespace, max_sessions: int) -> None:
-        self.port = free_port()
-        command = [sys.executable, "-m", "server", "--model", str(args.model), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--max-sessions", str(max_sessions), "--log-level", "warning",
-                   "--end-silence", str(args.end_silence), "--partial-interval", str(args.partial_interval),
-                   "--precision", args.precision, "--threads", str(args.threads)]
-        if args.containers:
-            command += ["--containers", args.containers]
-        # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
-        self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()
-        root = Path(__file__).resolve().parents[2]
-        self.process = subprocess.Popen(command, cwd=root, stdout=self.log, stderr=subprocess.STDOUT)
-        self.pid = self.process.pid
-
-    def log_tail(self, size: int = 2000) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode("utf-8", "replace")[-size:].strip()
-
-    async def wait_ready(self, timeout: float) -> float:
-        began = time.monotonic()
-        while time.monotonic() - began < timeout:
-            if self.process.poll() is not None:
-                raise UnipadError(f"the server exited with {self.process.returncode} while starting: {self.log_tail()}")
-            try:
-                status, _ = await http_get("127.0.0.1", self.port, "/readyz")
-                if status == 200:
-                    return time.monotonic() - began
-            except (OSError, asyncio.TimeoutError, IndexError, ValueError):
-                pass
-            await asyncio.sleep(0.2)
-        raise UnipadError(f"the server was not ready after {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def listening_pid(port: int) -> int | None:
-    """The pid of the local process listening on `port` (to watch a server we did not start)."""
-    try:
-        for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-                return c.pid
-    except (psutil.Error, OSError):
-        pass
-    return None
-
-
-async def sample_process(pid: int | None, stop: asyncio.Event, out: dict[str, Any]) -> None:
-    """CPU percent (of one core) and RSS of `pid` every 0.5 s until `stop`."""
-    if pid is None:
-        return
-    try:
-        process = psutil.Process(pid)
-        process.cpu_percent(None)
-        cpu, rss = [], []
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 0.5)
-            except asyncio.TimeoutError:
-                pass
-            cpu.append(process.cpu_percent(None))
-            rss.append(process.memory_info().rss)
-    except psutil.Error:
-        return
-    out.update(cpu_mean=round(float(np.mean(cpu)), 1) if cpu else None,
-               cpu_max=round(float(np.max(cpu)), 1) if cpu else None, rss_peak_mib=mib(max(rss)) if rss else None)
-
-
 # ---- the run ---------------------------------------------------------------------------------------
 
 async def run_step(url: str, host: str, port: int, pid: int | None, n: int, args) -> dict[str, Any]:
@@ -437,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds < 5 or args.chunk <= 0 or args.chunk > 1:
         raise ValueError("--seconds must be >= 5 and --chunk in (0, 1]")
     result: dict[str, Any] = {
-        "command": "load", "model_dir": None if args.url else str(args.model), "url": args.url,
+        "command": "load", "argv": command_line(), "model_dir": None if args.url else str(args.model), "url": args.url,
         "seconds_per_stream": args.seconds, "chunk": args.chunk, "end_silence": args.end_silence,
         "partial_interval": args.partial_interval, "target_p95_beyond_silence": args.target,
         "precision": args.precision, "containers": args.containers, "machine": machine(), "steps": [],

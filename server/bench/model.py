@@ -33,7 +33,7 @@ from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
 from pipeline.providers import provider_config
 from pipeline.shapes import ShapePolicy, parse_containers
 
-from .common import PeakMemory, emit, machine, mib, speech_audio, summary, time_runs
+from .common import command_line, PeakMemory, emit, machine, mib, speech_audio, summary, time_runs
 
 DEFAULT_LENGTHS = (1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 25.0, 30.0)
 FIXED_CONTAINER = 30.0
@@ -67,14 +67,16 @@ def parse_lengths(text: str) -> tuple[float, ...]:
     return lengths
 
 
-def plain_options(threads: int, samples: int | None = None) -> ort.SessionOptions:
-    """The engine's CPU session settings without weight sharing; free `samples` unless given."""
+def plain_options(threads: int, device: str = "cpu", samples: int | None = None) -> ort.SessionOptions:
+    """The engine's session settings for `device`, without weight sharing; `samples` free unless given."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], 1)
     if samples is not None:
         so.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+    for key, value in provider_config(device).session_config.items():
+        so.add_session_config_entry(key, value)
     return so
 
 
@@ -83,61 +85,95 @@ def feed(audio: np.ndarray, length: int) -> dict[str, np.ndarray]:
             "language": np.array([0], np.int32), "textnorm": np.array([15], np.int32)}
 
 
-def bench_engine(model: Path, precision: str, device: str, containers: tuple[float, ...], args) -> dict[str, Any]:
-    """Build and warm an Engine as the server does; time one run per container."""
+def build_engine(model: Path, precision: str, device: str, containers: tuple[float, ...], threads: int):
+    """An Engine built and warmed as the server does it: (engine, session/warm-up times and memory)."""
     out: dict[str, Any] = {"containers": list(containers)}
     with PeakMemory() as memory:
         engine = Engine(model, EngineOptions(device=device, precision=precision, containers=containers,
-                                             threads=args.threads))
+                                             threads=threads))
         t = time.perf_counter()
         engine.load(warm_up=False)
         out["session_seconds"] = round(time.perf_counter() - t, 3)
         t = time.perf_counter()
         engine.warm_up()
         out["warmup_seconds"] = round(time.perf_counter() - t, 3)
-        out["provider"] = engine.provider
-        out["shared_weights_mib"] = mib(engine.stats.shared_weight_bytes)
-        per_container = {}
-        for size in engine.policy.sizes:
-            audio = speech_audio(size / SAMPLE_RATE)
-            times = time_runs(lambda: engine.run_padded(audio, size, 0, 15), args.warmup, args.repeats)
-            stats = summary(times)
-            stats["rtf"] = round(stats["median"] / (size / SAMPLE_RATE), 4)
-            per_container[f"{size / SAMPLE_RATE:g}"] = stats
-        out["per_container"] = per_container
-        out["unwarmed_calls"] = engine.stats.unwarmed_calls
+    out["provider"] = engine.provider
+    out["shared_weights_mib"] = mib(engine.stats.shared_weight_bytes)
     out["rss_before_mib"], out["peak_rss_mib"] = mib(memory.start), mib(memory.peak)
-    del engine
-    gc.collect()
-    return out
+    out["rss_added_mib"] = mib(memory.peak - memory.start)
+    return engine, out
 
 
-def bench_exact(path: Path, lengths: tuple[float, ...], device: str, args) -> dict[str, Any]:
-    """One session with a free `samples` dimension, run at exactly each length."""
+def exact_session(path: Path, device: str, threads: int) -> tuple[ort.InferenceSession, float]:
+    """One session with a free `samples` dimension (runs at any length) and its creation time."""
     config = provider_config(device)
     t = time.perf_counter()
-    session = ort.InferenceSession(str(path), plain_options(args.threads), providers=list(config.providers),
+    session = ort.InferenceSession(str(path), plain_options(threads, device), providers=list(config.providers),
                                    provider_options=list(config.provider_options))
-    created = time.perf_counter() - t
-    per_length = {}
-    for seconds in lengths:
-        audio = speech_audio(seconds)
-        f = feed(audio, len(audio))
-        per_length[f"{seconds:g}"] = summary(time_runs(lambda: session.run(None, f), args.warmup, args.repeats))
-    return {"session_seconds": round(created, 3), "per_length": per_length}
+    return session, time.perf_counter() - t
 
 
-def bench_peer(peer_dir: Path, precision: str, lengths: tuple[float, ...], device: str, args) -> dict[str, Any]:
-    from .peer import PeerModel
+def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tuple[float, ...], skip: set[str],
+                    args) -> dict[str, Any]:
+    """Build everything for one precision, then time every shape in interleaved rounds.
 
-    config = provider_config(device)
-    peer = PeerModel(peer_dir, precision, plain_options(args.threads), providers=list(config.providers))
-    per_length, frontend = {}, {}
-    for seconds in lengths:
-        audio = speech_audio(seconds)
-        per_length[f"{seconds:g}"] = summary(time_runs(lambda: peer.run(audio), args.warmup, args.repeats))
-        frontend[f"{seconds:g}"] = summary(time_runs(lambda: peer.features(audio), 0, max(1, args.repeats // 2)))
-    return {"graph": peer.info["files"][precision], "per_length": per_length, "frontend": frontend}
+    Round-robin (each round runs every shape once) rather than shape after shape: on a shared machine
+    the load drifts, and interleaving gives every policy and the peer the same conditions.
+    """
+    from .common import say
+
+    part: dict[str, Any] = {}
+    tasks: list[tuple[str, str, Any]] = []  # (group, key, callable)
+    say(f"[{precision}] engine with containers {ladder.containers} ...")
+    engine, part["engine"] = build_engine(args.model, precision, args.device, ladder.containers, args.threads)
+    for size in engine.policy.sizes:
+        audio = speech_audio(size / SAMPLE_RATE)
+        tasks.append(("engine", f"{size / SAMPLE_RATE:g}",
+                      lambda e=engine, a=audio, n=size: e.run_padded(a, n, 0, 15)))
+    fixed = None
+    if "fixed" not in skip and ladder.containers != (FIXED_CONTAINER,):
+        say(f"[{precision}] engine with one {FIXED_CONTAINER:g} s container ...")
+        fixed, part["fixed"] = build_engine(args.model, precision, args.device, (FIXED_CONTAINER,), args.threads)
+        audio = speech_audio(FIXED_CONTAINER)
+        n = len(audio)
+        tasks.append(("fixed", f"{FIXED_CONTAINER:g}", lambda e=fixed, a=audio, n=n: e.run_padded(a, n, 0, 15)))
+    if "exact" not in skip:
+        session, created = exact_session(directory.onnx_path(precision), args.device, args.threads)
+        part["exact"] = {"session_seconds": round(created, 3)}
+        for seconds in lengths:
+            f = feed(speech_audio(seconds), int(round(seconds * SAMPLE_RATE)))
+            tasks.append(("exact", f"{seconds:g}", lambda s=session, f=f: s.run(None, f)))
+    if args.peer is not None and precision in ("fp32", "int8"):
+        from .peer import PeerModel
+
+        config = provider_config(args.device)
+        peer = PeerModel(args.peer, precision, plain_options(args.threads, args.device),
+                         providers=list(config.providers))
+        part["peer"] = {"graph": peer.info["files"][precision], "frontend": {}}
+        for seconds in lengths:
+            audio = speech_audio(seconds)
+            tasks.append(("peer", f"{seconds:g}", lambda p=peer, a=audio: p.run(a)))
+            part["peer"]["frontend"][f"{seconds:g}"] = summary(time_runs(lambda p=peer, a=audio: p.features(a), 0, 1))
+    say(f"[{precision}] timing {len(tasks)} shapes x {args.warmup} + {args.repeats} interleaved rounds ...")
+    times: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for round_ in range(args.warmup + args.repeats):
+        for group, key, fn in tasks:
+            t = time.perf_counter()
+            fn()
+            if round_ >= args.warmup:
+                times[group, key].append(time.perf_counter() - t)
+    for (group, key), values in times.items():
+        stats = summary(values)
+        stats["rtf"] = round(stats["median"] / float(key), 4)
+        part.setdefault(group, {}).setdefault("per_container" if group in ("engine", "fixed") else "per_length", {})[key] = stats
+    part["engine"]["unwarmed_calls"] = engine.stats.unwarmed_calls
+    if fixed is None and ladder.containers == (FIXED_CONTAINER,):
+        part["fixed"] = part["engine"]
+    del engine, fixed
+    gc.collect()
+    part["policies"] = policy_table(part, lengths, ladder)
+    part["ratio_to_peer"] = ratios(part["policies"])
+    return part
 
 
 def policy_table(result: dict[str, Any], lengths: tuple[float, ...], ladder: ShapePolicy) -> dict[str, dict]:
@@ -173,7 +209,7 @@ def profile_graph(path: Path, seconds: float, threads: int, out_dir: Path, tag: 
     """One run at `seconds` (samples fixed) with ORT profiling; per-operator-type totals, largest first."""
     out_dir.mkdir(parents=True, exist_ok=True)
     n = int(round(seconds * SAMPLE_RATE))
-    so = plain_options(threads, n)
+    so = plain_options(threads, "cpu", n)
     so.enable_profiling = True
     so.profile_file_prefix = str(out_dir / tag)
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
@@ -226,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     ladder = ShapePolicy(args.containers or default_containers(args.device))
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     result: dict[str, Any] = {
-        "command": "model", "model": directory.manifest.name, "model_dir": str(args.model),
+        "command": "model", "argv": command_line(), "model": directory.manifest.name, "model_dir": str(args.model),
         "source": directory.manifest.source, "dimensions": directory.manifest.dimensions,
         "device": args.device, "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
         "lengths": list(lengths), "ladder": list(ladder.containers), "machine": machine(),
@@ -234,23 +270,9 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         for precision in precisions:
-            part: dict[str, Any] = {}
+            result["precisions"][precision] = {}
+            part = bench_precision(directory, precision, ladder, lengths, skip, args)
             result["precisions"][precision] = part
-            say(f"[{precision}] engine with containers {ladder.containers} ...")
-            part["engine"] = bench_engine(args.model, precision, args.device, ladder.containers, args)
-            if "fixed" not in skip and ladder.containers != (FIXED_CONTAINER,):
-                say(f"[{precision}] engine with one {FIXED_CONTAINER:g} s container ...")
-                part["fixed"] = bench_engine(args.model, precision, args.device, (FIXED_CONTAINER,), args)
-            elif ladder.containers == (FIXED_CONTAINER,):
-                part["fixed"] = part["engine"]
-            if "exact" not in skip:
-                say(f"[{precision}] exact lengths ...")
-                part["exact"] = bench_exact(directory.onnx_path(precision), lengths, args.device, args)
-            if args.peer is not None and precision in ("fp32", "int8"):
-                say(f"[{precision}] peer (FunASR export, funasr_onnx frontend) ...")
-                part["peer"] = bench_peer(args.peer, precision, lengths, args.device, args)
-            part["policies"] = policy_table(part, lengths, ladder)
-            part["ratio_to_peer"] = ratios(part["policies"])
             if args.profile is not None and args.device == "cpu":
                 say(f"[{precision}] profiling a {FIXED_CONTAINER:g} s run ...")
                 part["profile"] = profile_graph(directory.onnx_path(precision), FIXED_CONTAINER, args.threads,
@@ -274,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
 def peer_profile(peer_dir: Path, precision: str, threads: int, out_dir: Path) -> dict[str, Any]:
     from .peer import PeerModel
 
-    so = plain_options(threads)
+    so = plain_options(threads, "cpu")
     so.enable_profiling = True
     so.profile_file_prefix = str(out_dir / f"peer_{precision}")
     peer = PeerModel(peer_dir, precision, so)

@@ -115,8 +115,7 @@ def render_model(r: dict[str, Any]) -> list[str]:
            f"- Model: `{r['model']}` ({d.get('num_blocks')}+{d.get('tp_blocks')} layers, {d.get('output_size')} dims, "
            f"vocabulary {d.get('vocab_size')}; source {r['source'].get('kind')}), device {r['device']}, "
            f"threads {r['threads'] or 'default'}, {r['repeats']} timed runs after {r['warmup']} warm-up",
-           f"- Command: `python -m server.bench model {r['model_dir']}"
-           + (f" --peer {r['peer']}" if r.get("peer") else "") + "`", ""]
+           f"- Command: `{r.get('argv') or 'python -m server.bench model ' + r['model_dir']}`", ""]
     if r.get("error"):
         out += [f"**Incomplete run:** {r['error']}", ""]
     for precision, part in r["precisions"].items():
@@ -175,7 +174,7 @@ def render_load(r: dict[str, Any], args: argparse.Namespace) -> list[str]:
            f"end silence {r['end_silence']} s, partials every {r['partial_interval']} s; "
            f"each stream {r['seconds_per_stream']:g} s of espeak speech and pauses sent in {r['chunk'] * 1000:.0f} ms "
            "chunks at real-time pace; client and server on the same 2 cores",
-           f"- Command: `python -m server.bench load --model {r['model_dir']} --precision {r['precision']}`",
+           f"- Command: `{r.get('argv') or 'python -m server.bench load --model ' + str(r['model_dir'])}`",
            "", f"**Capacity: {r['capacity']} concurrent real-time streams** with p95 latency beyond the end "
            f"silence under {r['target_p95_beyond_silence']} s and no final lost"
            + (f" ({r['stopped']})" if r.get("stopped") else "") + ".", ""]
