@@ -134,15 +134,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.errors import UnipadError
     from pipeline.modeldir import read_model_directory
 
-    model = read_model_directory(args.model_dir)  # ModelLoadError (an OSError? no: UnipadError) below
-    source = model.manifest.source
-    if args.data is not None:
+    if args.data is not None:  # the eval set first: its problems need no model to report
         if not args.data.is_dir():
             raise ValueError(f"eval set {args.data} does not exist")
         items = load_eval_dir(args.data)
-    else:
+    try:
+        model = read_model_directory(args.model_dir)
+    except UnipadError as exc:
+        raise ValueError(str(exc)) from None
+    source = model.manifest.source
+    if args.data is None:
         if args.utterances < 1:
             raise ValueError("--utterances must be at least 1")
         train_seed = int(source.get("seed", 0))

@@ -59,6 +59,7 @@ HELDOUT_VARIANTS = (
 TRAIN_VARIANTS = ("",) + tuple(v for v in VARIANTS if v not in HELDOUT_VARIANTS)  # "" = the base voice
 
 ESPEAK_RATE = 22050
+NOISE_KINDS = ("white", "pink", "brown")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class Recipe:
     snr_db: tuple[float, float] = (15.0, 40.0)  # white noise
     tilt: tuple[float, float] = (-0.6, 0.6)  # first-order spectral tilt y[n] = x[n] - a x[n-1]
     max_words: int = 6
+    # Utterances of noise alone (empty transcript), so that noisy segments decode to no words.
+    noise_only_probability: float = 0.05
+    noise_only_dbfs: tuple[float, float] = (-60.0, -5.0)  # RMS level
+    noise_only_seconds: tuple[float, float] = (0.5, 8.0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,9 @@ class Utterance:
     snr_db: float | None  # None: no noise
     tilt: float
     noise_seed: int
+    noise_kind: str = "white"  # of a noise-only utterance (text ""): "white", "pink" or "brown"
+    noise_dbfs: float = 0.0  # its RMS level
+    noise_seconds: float = 0.0  # its length
 
 
 def require_espeak() -> str:
@@ -135,6 +143,15 @@ def sample_utterances(
     variants = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
     out: list[Utterance] = []
     while len(out) < count:
+        if not heldout and rng.random() < recipe.noise_only_probability:
+            out.append(Utterance(
+                text="", voice="", words_per_minute=0, pitch=0, word_gap=0, speed=1.0, gain=1.0, lead=0.0,
+                trail=0.0, snr_db=None, tilt=0.0, noise_seed=int(rng.integers(2**31)),
+                noise_kind=NOISE_KINDS[int(rng.integers(len(NOISE_KINDS)))],
+                noise_dbfs=float(rng.uniform(*recipe.noise_only_dbfs)),
+                noise_seconds=float(rng.uniform(*recipe.noise_only_seconds)),
+            ))
+            continue
         text = random_text(rng, recipe.max_words)
         if text in exclude:
             continue
@@ -171,8 +188,21 @@ def espeak(text: str, voice: str, words_per_minute: int = 175, pitch: int = 50, 
     return audio
 
 
+def colored_noise(kind: str, n: int, dbfs: float, seed: int) -> np.ndarray:
+    """White, pink (1/f power) or brown (1/f^2) noise: float32 [n] with an RMS of `dbfs` dB full scale."""
+    rng = np.random.default_rng(seed)
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    f = np.maximum(np.fft.rfftfreq(n), 1.0 / n)
+    spectrum *= f ** -{"white": 0.0, "pink": 0.5, "brown": 1.0}[kind]
+    noise = np.fft.irfft(spectrum, n)
+    noise *= 10 ** (dbfs / 20) / (np.sqrt(np.mean(noise**2)) + 1e-12)
+    return np.clip(noise, -1.0, 1.0).astype(np.float32)
+
+
 def render(u: Utterance) -> np.ndarray:
     """Synthesize and augment one utterance: float32 [N] in [-1, 1] at SAMPLE_RATE."""
+    if not u.text:
+        return colored_noise(u.noise_kind, int(u.noise_seconds * SAMPLE_RATE), u.noise_dbfs, u.noise_seed)
     raw = espeak(u.text, u.voice, u.words_per_minute, u.pitch, u.word_gap)
     # Reading 22.05 kHz samples as if they were (22.05 * speed) kHz plays them `speed` times faster.
     audio = soxr.resample(raw, ESPEAK_RATE * u.speed, SAMPLE_RATE).astype(np.float32)

@@ -44,9 +44,9 @@ def demo_tokens() -> list[str]:
 @dataclass(frozen=True)
 class TrainOptions:
     seed: int = 0
-    utterances: int = 36000
-    steps: int = 7000
-    minutes: float = 30.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
+    utterances: int = 24000
+    steps: int = 6000
+    minutes: float = 36.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
     peak_lr: float = 1.5e-3
     warmup: int = 400
     weight_decay: float = 0.01
@@ -56,7 +56,7 @@ class TrainOptions:
     mel_warp: float = 0.1  # +-10 % mel-axis stretch per utterance
     time_masks: int = 2  # masks of up to 2 frames (120 ms)
     freq_masks: int = 2  # masks of up to 8 mel bins
-    log_every: int = 250  # steps between loss lines (and 4x that between held-out WER checks)
+    log_every: int = 125  # steps between loss lines (and 4x that between held-out WER checks)
 
 
 # ---- data ----------------------------------------------------------------------------------------
@@ -335,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary = {"options": asdict(options)}
         utterances = synth.sample_utterances(options.utterances, options.seed)
-        seen = frozenset(u.text for u in utterances)
+        seen = frozenset(u.text for u in utterances if u.text)
         monitor = synth.sample_utterances(300, options.seed + 1, heldout=True, exclude=seen)
         features = render_features(utterances + monitor, options.workers, "synthesise")
         summary["data_seconds"] = round(time.monotonic() - started)

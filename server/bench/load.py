@@ -327,10 +327,12 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds < 5 or args.chunk <= 0 or args.chunk > 1:
         raise ValueError("--seconds must be >= 5 and --chunk in (0, 1]")
     result: dict[str, Any] = {
-        "command": "load", "argv": command_line(), "model_dir": None if args.url else str(args.model), "url": args.url,
+        "command": "load", "argv": command_line(), "model_dir": None if args.url else str(args.model),
+        "url": args.url,
         "seconds_per_stream": args.seconds, "chunk": args.chunk, "end_silence": args.end_silence,
         "partial_interval": args.partial_interval, "target_p95_beyond_silence": args.target,
-        "precision": args.precision, "containers": args.containers, "machine": machine(), "steps": [],
+        "precision": args.precision, "containers": args.containers, "threads": args.threads, "machine": machine(),
+        "steps": [],
     }
     code = 0
     try:

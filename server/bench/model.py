@@ -165,7 +165,8 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
     for (group, key), values in times.items():
         stats = summary(values)
         stats["rtf"] = round(stats["median"] / float(key), 4)
-        part.setdefault(group, {}).setdefault("per_container" if group in ("engine", "fixed") else "per_length", {})[key] = stats
+        table = "per_container" if group in ("engine", "fixed") else "per_length"
+        part.setdefault(group, {}).setdefault(table, {})[key] = stats
     part["engine"]["unwarmed_calls"] = engine.stats.unwarmed_calls
     if fixed is None and ladder.containers == (FIXED_CONTAINER,):
         part["fixed"] = part["engine"]
@@ -189,7 +190,8 @@ def policy_table(result: dict[str, Any], lengths: tuple[float, ...], ladder: Sha
         if "fixed" in result:
             table["fixed"][key] = result["fixed"]["per_container"][f"{FIXED_CONTAINER:g}"]["median"]
         if "engine" in result and n <= ladder.largest:
-            table["ladder"][key] = result["engine"]["per_container"][f"{ladder.container_for(n) / SAMPLE_RATE:g}"]["median"]
+            container = f"{ladder.container_for(n) / SAMPLE_RATE:g}"
+            table["ladder"][key] = result["engine"]["per_container"][container]["median"]
         if "exact" in result:
             table["exact"][key] = result["exact"]["per_length"][key]["median"]
         if "peer" in result:
@@ -271,14 +273,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for precision in precisions:
             result["precisions"][precision] = {}
-            part = bench_precision(directory, precision, ladder, lengths, skip, args)
+            part = measure_in_child(directory, precision, ladder, lengths, skip, args)
             result["precisions"][precision] = part
-            if args.profile is not None and args.device == "cpu":
-                say(f"[{precision}] profiling a {FIXED_CONTAINER:g} s run ...")
-                part["profile"] = profile_graph(directory.onnx_path(precision), FIXED_CONTAINER, args.threads,
-                                                args.profile, f"ours_{precision}")
-                if args.peer is not None and precision in ("fp32", "int8"):
-                    part["peer_profile"] = peer_profile(args.peer, precision, args.threads, args.profile)
             print_precision(precision, part, lengths)
         result["complete"] = True
     except KeyboardInterrupt:
@@ -291,6 +287,32 @@ def run(args: argparse.Namespace) -> int:
         say(f"error: {result['error']}")
         return 1
     return 0
+
+
+def measure_precision(directory, precision: str, ladder: ShapePolicy, lengths: tuple[float, ...], skip: set[str],
+                      args) -> dict[str, Any]:
+    """Everything measured for one precision (timings, then the optional profiles)."""
+    from .common import say
+
+    part = bench_precision(directory, precision, ladder, lengths, skip, args)
+    if args.profile is not None and args.device == "cpu":
+        say(f"[{precision}] profiling a {FIXED_CONTAINER:g} s run ...")
+        part["profile"] = profile_graph(directory.onnx_path(precision), FIXED_CONTAINER, args.threads,
+                                        args.profile, f"ours_{precision}")
+        if args.peer is not None and precision in ("fp32", "int8"):
+            part["peer_profile"] = peer_profile(args.peer, precision, args.threads, args.profile)
+    return part
+
+
+def measure_in_child(directory, precision: str, ladder: ShapePolicy, lengths: tuple[float, ...], skip: set[str],
+                     args) -> dict[str, Any]:
+    """measure_precision in a fresh process: memory freed by an earlier precision stays in this process's
+    heap (the allocator keeps it), which would inflate the next one's resident-memory figures."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure_precision, directory, precision, ladder, lengths, skip, args).result()
 
 
 def peer_profile(peer_dir: Path, precision: str, threads: int, out_dir: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 import soundfile
 
 from export.evaluate import load_eval_dir, word_errors
+from export.synth import NOISE_KINDS, colored_noise
 from pipeline.audio import PROMPT_FRAMES, SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import decode_ctc
 from pipeline.engine import Engine, EngineOptions
@@ -95,3 +96,9 @@ def test_multi_utterance_recording(engine: Engine) -> None:
         assert word_errors(u["text"], t.text) <= 1, (u["text"], t.text)
         if t.words:  # token times fall inside the clip
             assert u["start"] - 0.25 <= t.words[0].start and t.words[-1].end <= u["end"] + 0.35
+
+
+@pytest.mark.parametrize("kind", NOISE_KINDS)
+def test_loud_noise_gives_no_words(engine: Engine, kind: str) -> None:
+    for dbfs in (-30.0, -10.0):
+        assert engine.transcribe(colored_noise(kind, seconds_to_samples(3.0), dbfs, seed=7)).text == ""

@@ -1,0 +1,132 @@
+"""`python -m export train-demo` and `eval`: bad input exits with one clear line; the training loop runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export import synth
+from pipeline.audio import SAMPLE_RATE
+from export.evaluate import word_errors
+from export.train_demo import TrainOptions, build_model, cmvn_from, demo_tokens, length_batches, train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, env: dict | None = None, prelude: str = "") -> subprocess.CompletedProcess:
+    code = f"import sys; {prelude}from export.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, words: str, code: int = 1) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_existing_output_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo")), "already exists")
+
+
+def test_missing_espeak_is_reported(tmp_path: Path) -> None:
+    env = dict(os.environ, PATH=str(tmp_path))  # an empty PATH: no espeak-ng anywhere
+    assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo"), env=env), "espeak-ng is not installed")
+
+
+def test_missing_torch_is_reported(tmp_path: Path) -> None:
+    try:
+        synth.require_espeak()
+    except RuntimeError:
+        pytest.skip("espeak-ng is not installed here")
+    proc = run_cli("train-demo", "--out", str(tmp_path / "demo"), prelude="sys.modules['torch'] = None; ")
+    assert_one_line_error(proc, "torch", code=2)
+
+
+@pytest.mark.parametrize("content", [None, "[]"])
+def test_missing_or_empty_eval_set(tmp_path: Path, content: str | None) -> None:
+    data = tmp_path / "set"
+    data.mkdir()
+    if content is not None:
+        (data / "transcripts.json").write_text(content)
+    proc = run_cli("eval", str(tmp_path / "no-model"), "--data", str(data))
+    assert_one_line_error(proc, "empty" if content else "no transcripts.json")
+    assert_one_line_error(run_cli("eval", str(tmp_path / "no-model"), "--data", str(tmp_path / "nope")), "does not exist")
+
+
+def test_vocabulary_and_tokens() -> None:
+    tokens = demo_tokens()
+    assert tokens[0] == "<blank>" and len(set(tokens)) == len(tokens)
+    words = {t[1:] for t in tokens if t.startswith("\u2581")}
+    assert set(synth.DIGITS) <= words and {"start", "stop", "next", "yes", "no"} <= words
+    assert [t for t in tokens if t.startswith("<|")] == ["<|en|>", "<|Speech|>", "<|NEUTRAL|>", "<|withitn|>", "<|woitn|>"]
+
+
+def test_utterances_are_seeded_and_held_out_voices_are_unseen() -> None:
+    a, b = synth.sample_utterances(50, 3), synth.sample_utterances(50, 3)
+    assert a == b and a != synth.sample_utterances(50, 4)
+    assert all(1 <= len(u.text.split()) <= 6 for u in a)
+    train_variants = {u.voice.partition("+")[2] for u in synth.sample_utterances(500, 0)}
+    held = synth.sample_utterances(50, 0, heldout=True, exclude=frozenset(u.text for u in a))
+    assert not train_variants & {u.voice.partition("+")[2] for u in held}
+    assert not {u.text for u in held} & {u.text for u in a}
+
+
+def test_noise_only_utterances_have_no_text_and_their_level() -> None:
+    noise = [u for u in synth.sample_utterances(400, 0) if not u.text]
+    assert noise and all(u.noise_kind in synth.NOISE_KINDS for u in noise)
+    audio = synth.render(noise[0])
+    assert len(audio) == int(noise[0].noise_seconds * SAMPLE_RATE)
+    assert abs(10 * np.log10(np.mean(audio.astype(np.float64) ** 2)) - noise[0].noise_dbfs) < 1.0
+    assert not [u for u in synth.sample_utterances(400, 0, heldout=True) if not u.text]
+
+
+def test_word_errors() -> None:
+    assert word_errors("three five oh nine", "three five oh nine") == 0
+    assert word_errors("three five oh nine", "three oh nine one") == 2
+    assert word_errors("stop", "") == 1 and word_errors("", "go") == 1
+
+
+def test_length_batches_cover_everything_once() -> None:
+    lengths = np.random.default_rng(0).integers(10, 80, 300)
+    batches = length_batches(lengths, 600, np.random.default_rng(1))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(300))
+    assert all(lengths[b].max() * len(b) <= 600 or len(b) == 1 for b in batches)
+
+
+def test_a_few_training_steps_reduce_nothing_to_nan() -> None:
+    """The training loop end to end on random features (no espeak-ng): 3 steps, finite loss, a summary."""
+    import torch
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    features = [rng.standard_normal((int(rng.integers(20, 40)), 560)).astype(np.float16) for _ in range(12)]
+    texts = [" ".join(rng.choice(synth.DIGITS, 3)) for _ in range(12)]
+    model = build_model(len(demo_tokens()))
+    model.set_cmvn(*cmvn_from(features))
+    before = [p.detach().clone() for p in model.parameters()]
+    options = TrainOptions(steps=3, minutes=5, warmup=1, max_frames=200, threads=1, log_every=1)
+    lines: list[str] = []
+    summary = train(model, features, texts, (features[:4], texts[:4]), options, log=lines.append)
+    assert summary["steps"] == 3 and 0 <= summary["heldout_greedy_wer_torch"] <= 1.5
+    assert all("nan" not in line for line in lines)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.slow
+def test_one_step_smoke_run(tmp_path: Path) -> None:
+    """The whole command with a 1-step budget: data, training, export, held-out eval, card, rename."""
+    out = tmp_path / "demo"
+    proc = run_cli("train-demo", "--out", str(out), "--utterances", "40", "--steps", "1", "--eval-utterances", "4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["training"]["steps"] == 1
+    assert {"model.onnx", "model.int8.onnx", "tokens.txt", "README.md"} <= {p.name for p in out.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
