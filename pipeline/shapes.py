@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from .audio import SAMPLE_RATE, samples_to_seconds
 
 DEFAULT_GPU_CONTAINERS: tuple[float, ...] = (30.0,)
-DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (4.0, 8.0, 15.0, 30.0)
+# Measured (docs/benchmarks.md): a 1.5-2 s utterance or partial costs half in a 2 s container what it
+# costs in a 4 s one, and the finer ladder doubled the streams one CPU carries.
+DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 MAX_CONTAINER_SECONDS = 60.0  # a sanity bound for CLI input; the segmenter caps segments at 30 s
 
 

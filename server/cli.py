@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="auto, cpu, cuda or directml (default: $INFERENCE_DEVICE, else auto)")
     p.add_argument("--precision", default=d.precision, help="auto, fp32, int8 or fp16")
     p.add_argument("--containers", type=_containers, default=None,
-                   help="container lengths in seconds, e.g. 4,8,15,30 (default: per device)")
+                   help="container lengths in seconds, e.g. 1,2,4,8,15,30 (default: that ladder on CPU, 30 on GPUs)")
     p.add_argument("--threads", type=int, default=d.threads, help="ONNX Runtime threads (0: one per core)")
     p.add_argument("--vad-aggressiveness", type=int, default=d.vad_aggressiveness, help="webrtcvad mode 0-3")
     p.add_argument("--end-silence", type=float, default=d.end_silence, help="seconds of silence that end a segment")

@@ -17,6 +17,7 @@ from pipeline.audio import SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import Transcript
 from pipeline.engine import Engine, EngineOptions, choose_precision
 from pipeline.errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
+from pipeline.shapes import DEFAULT_CPU_CONTAINERS
 from pipeline.providers import (
     DEVICE_ENV,
     candidate_devices,
@@ -123,7 +124,7 @@ def test_explicit_gpu_that_cannot_start_is_a_provider_error(tiny_model_dir, devi
 
 
 def test_overrides_make_every_input_static(engine):
-    assert engine.containers == (4.0, 8.0, 15.0, 30.0)
+    assert engine.containers == DEFAULT_CPU_CONTAINERS
     for seconds in engine.containers:
         size = seconds_to_samples(seconds)
         shapes = {i.name: i.shape for i in engine.session_for(size).get_inputs()}
