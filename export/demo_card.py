@@ -56,6 +56,9 @@ texts, with the training augmentation. Greedy WER on 300 other held-out utteranc
 First mistakes (fp32):
 {mistakes}
 
+Limits: one utterance at a time (as the server's segmenter delivers them); pauses of a second or more
+inside one clip were never heard in training and produce spurious words.
+
 Re-measure: `python -m export eval models/demo` (needs espeak-ng) or
 `python -m export eval models/demo --data tests/fixtures/demo`.
 
@@ -66,7 +69,9 @@ training {training.get("train_seconds", "?")} s, {training.get("steps", "?")} st
 - Data: {source.get("utterances")} utterances from espeak-ng, {len(synth.VOICE_BASES)} English accents
   ({", ".join(synth.VOICE_BASES)}) x {len(synth.TRAIN_VARIANTS)} voice variants, random speaking rate,
   pitch and word gap; speed perturbation, spectral tilt, gain, leading/trailing silence, white noise
-  (15-40 dB SNR on 60 % of utterances); mel-axis warping and small frequency/time masks while training.
+  (15-40 dB SNR on 60 % of utterances); 5 % of the utterances are white, pink or brown noise alone
+  (-60 to -5 dBFS, empty transcript) so that noisy segments decode to no words; mel-axis warping and
+  small frequency/time masks while training.
   The full recipe is in `manifest.json` (`source`).
 - Model: the project's SenseVoice definition (SAN-M encoder, in-graph fbank + LFR + CMVN),
   d={dims.get("output_size")}, {dims.get("attention_heads")} heads, FFN {dims.get("linear_units")},

@@ -70,6 +70,8 @@ def load_eval_dir(directory: str | Path) -> list[EvalItem]:
         raise ValueError(f"eval set {directory} is empty ({TRANSCRIPTS_FILE} lists no utterances)")
     items = []
     for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("audio"), str) or not isinstance(entry.get("text"), str):
+            raise ValueError(f"{listing}: every entry needs \"audio\" and \"text\" strings, got {entry!r}")
         path = directory / entry["audio"]
         audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
         if rate != SAMPLE_RATE:

@@ -16,13 +16,14 @@ import math
 import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pipeline.audio import N_MELS
 
 from . import synth
 
@@ -45,8 +46,8 @@ def demo_tokens() -> list[str]:
 class TrainOptions:
     seed: int = 0
     utterances: int = 24000
-    steps: int = 6000
-    minutes: float = 36.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
+    steps: int = 8000
+    minutes: float = 38.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
     peak_lr: float = 1.5e-3
     warmup: int = 400
     weight_decay: float = 0.01
@@ -157,7 +158,7 @@ def augment(x, lengths, options: TrainOptions, generator):
     import torch
 
     b, t, d = x.shape
-    mel = x.unflatten(2, (d // synth_mels(), synth_mels()))  # [B, T, 7, 80]
+    mel = x.unflatten(2, (d // N_MELS, N_MELS))  # [B, T, 7, 80]
     n = mel.shape[-1]
     alpha = 1.0 + options.mel_warp * (2 * torch.rand(b, generator=generator) - 1)
     src = (torch.arange(n)[None, :] * alpha[:, None]).clamp(0, n - 1)  # [B, 80]
@@ -180,12 +181,6 @@ def augment(x, lengths, options: TrainOptions, generator):
         hit = ((rows >= start[:, None]) & (rows < (start + width)[:, None]))[:, :, None, None]
         mel = torch.where(hit, floor, mel)
     return mel.flatten(2)
-
-
-def synth_mels() -> int:
-    from pipeline.audio import N_MELS
-
-    return N_MELS
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -366,6 +361,16 @@ def build_model(vocab_size: int):
     return SenseVoice(dims)
 
 
+def reproduce_command(options: TrainOptions, args) -> str:
+    """The command that makes this model again (where it is written does not matter)."""
+    d = TrainOptions()
+    flags = [f"--{name.replace('_', '-')} {getattr(options, name):g}" for name in ("seed", "utterances", "steps", "minutes")
+             if getattr(options, name) != getattr(d, name)]
+    if args.eval_utterances != 500:
+        flags.append(f"--eval-utterances {args.eval_utterances}")
+    return " ".join(["python -m export train-demo", *flags])
+
+
 def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: dict, args, started: float) -> None:
     """Export into a temporary sibling of `out`, evaluate it there, write the card, then rename into place."""
     import dataclasses
@@ -378,7 +383,7 @@ def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: di
 
     source = {
         "kind": "trained",
-        "command": "python -m export train-demo " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["train-demo"] else sys.argv[1:]),
+        "command": reproduce_command(options, args),
         "seed": options.seed,
         "utterances": options.utterances,
         "recipe": asdict(synth.Recipe()),
