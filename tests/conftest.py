@@ -16,7 +16,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 @dataclass(frozen=True)
 class Speech:
-    """tests/fixtures/three_utterances.wav: float32 [n] at SAMPLE_RATE, and where its speech is (seconds)."""
+    """A multi-utterance recording: float32 [n] at SAMPLE_RATE, and where its speech is (seconds)."""
 
     audio: np.ndarray
     utterances: list[dict]  # {"text", "start", "end"} per utterance, in order
@@ -26,13 +26,25 @@ class Speech:
         return len(self.audio) / SAMPLE_RATE
 
 
-@pytest.fixture(scope="session")
-def speech() -> Speech:
-    audio, rate = soundfile.read(FIXTURES / "three_utterances.wav", dtype="float32")
+def load_recording(wav: Path) -> Speech:
+    """A WAV fixture and its JSON sidecar ({"speech": [{"text", "start", "end"}]})."""
+    audio, rate = soundfile.read(wav, dtype="float32")
     assert rate == SAMPLE_RATE
-    sidecar = json.loads((FIXTURES / "three_utterances.json").read_text(encoding="utf-8"))
+    sidecar = json.loads(wav.with_suffix(".json").read_text(encoding="utf-8"))
     audio.setflags(write=False)  # shared by every test: nobody may modify it
     return Speech(audio=audio, utterances=sidecar["speech"])
+
+
+@pytest.fixture(scope="session")
+def speech() -> Speech:
+    """tests/fixtures/three_utterances.wav: sentences outside the demo model's vocabulary."""
+    return load_recording(FIXTURES / "three_utterances.wav")
+
+
+@pytest.fixture(scope="session")
+def demo_speech() -> Speech:
+    """tests/fixtures/demo/multi.wav: three utterances in the demo model's vocabulary (exact words)."""
+    return load_recording(FIXTURES / "demo" / "multi.wav")
 
 
 # ---- a real server for end-to-end tests (server helper) ------------------------------------------------

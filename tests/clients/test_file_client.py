@@ -14,7 +14,7 @@ from subtitle_validator import parse_srt, parse_vtt
 from pipeline.audio import SAMPLE_RATE
 from server.protocol import Final, parse_server_message
 
-FIXTURE = str(ROOT / "tests" / "fixtures" / "three_utterances.wav")
+FIXTURE = str(ROOT / "tests" / "fixtures" / "demo" / "multi.wav")
 TEXT_LINE = re.compile(r"\[(\d\d:\d\d:\d\d\.\d{3}) --> (\d\d:\d\d:\d\d\.\d{3})\] (\S.*)")
 
 
