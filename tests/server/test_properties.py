@@ -93,7 +93,7 @@ class BackgroundServer:
         assert self.started.wait(120)
 
     async def _serve(self) -> Any:
-        from conftest import serve_test_server
+        from serving import serve_test_server
 
         self._done = asyncio.Event()
         async with serve_test_server(self._model, partial_interval=0.3) as url:
