@@ -18,11 +18,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-FINE_LADDER = "1,2,4,8,15,30"  # finer containers: short segments and partials run in small shapes
-# The load runs the report shows: the server's defaults, the finer ladder, and the finer ladder with one
-# intra-op thread (the second core left to the event loop and the clients).
-LOAD_RESULTS = {"load.json": [], "load-fine-ladder.json": ["--containers", FINE_LADDER],
-                "load-tuned.json": ["--containers", FINE_LADDER, "--threads", "1"]}
+# The load runs the report shows (name -> extra flags): the server's defaults.
+LOAD_RESULTS = {"load.json": []}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
