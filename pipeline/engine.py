@@ -36,8 +36,8 @@ from .decoding import Transcript, decode_ctc
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .initializers import read_initializers
 from .modeldir import FREE_DIMENSIONS, INPUT_NAMES, OUTPUT_NAMES, read_model_directory
-from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, is_device_failure,
-                        provider_config)
+from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, conflicting_runtimes,
+                        is_device_failure, provider_config)
 from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,10 @@ class Engine:
         `warm_up=False` leaves the engine not ready (every run refused): only for tests and measurements.
         """
         start, self.stats.rss_before_load = time.perf_counter(), process_rss()
+        conflict = conflicting_runtimes()
+        if conflict:
+            log.warning("%s are installed together; they overwrite each other, so the provider that loads is "
+                        "an accident: uninstall all of them and install one", " and ".join(conflict))
         available = ort.get_available_providers()
         devices = candidate_devices(self.options.device, available)
         missing = [d for d in devices if PROVIDERS[d] not in available]

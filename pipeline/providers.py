@@ -38,6 +38,21 @@ DEVICE_FAILURE_MARKERS = (
 )
 
 
+ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
+                     "onnxruntime-qnn", "onnxruntime-windowsml", "onnxruntime-training")
+
+
+def conflicting_runtimes(installed: list[str] | None = None) -> list[str]:
+    """The ONNX Runtime packages installed side by side (they share the import name `onnxruntime` and
+    overwrite each other's files, so which provider loads is an accident): a list of two or more, or []."""
+    if installed is None:
+        from importlib import metadata
+
+        installed = [d.metadata["Name"] or "" for d in metadata.distributions()]
+    found = sorted({name.lower().replace("_", "-") for name in installed} & set(ORT_DISTRIBUTIONS))
+    return found if len(found) > 1 else []
+
+
 def resolve_device(cli_value: str | None = None) -> str:
     """The device to use: the CLI value if given, else $INFERENCE_DEVICE, else "auto"; ValueError if unknown."""
     raw = cli_value if cli_value else os.environ.get(DEVICE_ENV, "") or "auto"

@@ -363,3 +363,12 @@ def test_device_failure_rebuilds_and_retries_once(tiny_model_dir):
     with pytest.raises(InferenceError, match="887A0005"):
         eng.run(clip(1.0))
     assert eng.stats.rebuilds == 2  # one rebuild per call, no loop
+
+
+def test_two_onnxruntime_packages_are_reported():
+    from pipeline.providers import conflicting_runtimes
+
+    assert conflicting_runtimes(["numpy", "onnxruntime", "onnx"]) == []
+    assert conflicting_runtimes(["onnxruntime", "onnxruntime_gpu", "soxr"]) == ["onnxruntime", "onnxruntime-gpu"]
+    assert conflicting_runtimes(["onnxruntime-directml"]) == []
+    assert conflicting_runtimes() == []  # this environment has exactly one
