@@ -71,7 +71,7 @@ class Recipe:
     pitch: tuple[int, int] = (15, 85)  # espeak-ng -p
     word_gap: tuple[int, int] = (0, 12)  # espeak-ng -g, in 10 ms units
     gain: tuple[float, float] = (0.25, 1.5)
-    lead_silence: tuple[float, float] = (0.0, 1.0)  # seconds (the server adds pre-roll; pauses happen)
+    lead_silence: tuple[float, float] = (0.0, 0.3)  # seconds (the segmenter keeps a 0.3 s pre-roll)
     trail_silence: tuple[float, float] = (0.0, 1.0)  # seconds
     noise_probability: float = 0.6
     snr_db: tuple[float, float] = (15.0, 40.0)  # white noise

@@ -46,8 +46,8 @@ def demo_tokens() -> list[str]:
 class TrainOptions:
     seed: int = 0
     utterances: int = 24000
-    steps: int = 8000
-    minutes: float = 38.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
+    steps: int = 6000
+    minutes: float = 36.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
     peak_lr: float = 1.5e-3
     warmup: int = 400
     weight_decay: float = 0.01
