@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from pipeline.errors import UnipadError
+
 COMMANDS = {
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         print(f"error: {exc.name} is not installed (pip install -e '.[export]')", file=sys.stderr)
         return 2
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, UnipadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001  (ONNX Runtime's errors have no common base)

@@ -68,6 +68,8 @@ class ModelDimensions:
 PRESETS: dict[str, dict] = {
     "full": {},  # the released iic/SenseVoiceSmall: 233,999,167 parameters, 917 tensors
     "tiny": dict(output_size=64, attention_heads=4, linear_units=128, num_blocks=3, tp_blocks=1, vocab_size=64),
+    # The shipped demo model (models/demo): python -m export train-demo.
+    "demo": dict(output_size=192, attention_heads=4, linear_units=768, num_blocks=6, tp_blocks=1, vocab_size=71),
 }
 
 
