@@ -45,9 +45,9 @@ def demo_tokens() -> list[str]:
 @dataclass(frozen=True)
 class TrainOptions:
     seed: int = 0
-    utterances: int = 24000
-    steps: int = 6000
-    minutes: float = 36.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
+    utterances: int = 30000
+    steps: int = 9000
+    minutes: float = 33.0  # wall-clock cap on the training loop; the schedule follows whichever ends first
     peak_lr: float = 1.5e-3
     warmup: int = 400
     weight_decay: float = 0.01
