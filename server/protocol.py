@@ -20,7 +20,6 @@ Times are seconds from the start of the stream. See docs/protocol.md.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
@@ -192,7 +191,3 @@ def parse_server_message(text: str) -> ServerMessage:
     if cls is Final:
         fields["tokens"] = [TokenTime(**t) for t in fields.get("tokens", [])]
     return cls(**fields)
-
-
-def is_finite_json_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
