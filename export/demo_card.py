@@ -18,6 +18,7 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
     mistakes = "\n".join(f"- `{ref}` -> `{hyp}`" for ref, hyp in results[0].examples[:8]) or "- none"
     curve = ", ".join(f"{h['heldout_wer']:.1%} at step {h['step']}" for h in history) or "not recorded"
     phrases = ", ".join(f'"{p}"' for p in synth.PHRASES)
+    by_voice = ", ".join(f"{g} {e / max(1, n):.1%}" for g, e, n in results[0].groups) or "not measured"
     text = f"""# Unipad demo model: English digits and commands (synthetic speech)
 
 **A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng
@@ -50,7 +51,10 @@ Vocabulary: {len(tokens)} tokens (`tokens.txt`: blank, the words, the tags).
 
 The held-out set uses espeak-ng voice variants never heard in training
 ({", ".join(synth.HELDOUT_VARIANTS)}, with every accent) and word sequences absent from the training
-texts, with the training augmentation. Greedy WER on 300 other held-out utterances during training
+texts, with the training augmentation.
+WER by held-out voice variant (fp32, worst first): {by_voice}.
+
+Greedy WER on 300 other held-out utterances during training
 (torch): {curve}.
 
 First mistakes (fp32):

@@ -2,8 +2,8 @@
 
 The audio goes through pipeline.engine.Engine exactly as the server runs it: padded into the CPU
 container ladder, one warmed session per container, greedy CTC decoding with tags. The held-out set is
-either a directory (`--data`: WAV files and a `transcripts.json` listing {"audio": "x.wav", "text": "..."})
-or, by default, synthesised with espeak-ng: voices with variants never used in training
+either a directory (`--data`: WAV files and a `transcripts.json` listing {"audio": "x.wav", "text": "..."},
+optionally with the espeak-ng "voice", by whose variant WER is then also reported) or, by default, synthesised with espeak-ng: voices with variants never used in training
 (synth.HELDOUT_VARIANTS) saying word sequences that are not among the training texts.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ class EvalItem:
     name: str
     audio: np.ndarray  # float32 [N] at SAMPLE_RATE
     text: str
+    group: str = ""  # what the item's WER is also reported under (the voice variant of a synthesised item)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class EvalResult:
     wer: float
     sentence_accuracy: float
     examples: tuple[tuple[str, str], ...]  # (reference, hypothesis) of the first mistakes
+    groups: tuple[tuple[str, int, int], ...] = ()  # (group, word errors, words), worst WER first
 
 
 def normalize(text: str) -> list[str]:
@@ -76,7 +78,8 @@ def load_eval_dir(directory: str | Path) -> list[EvalItem]:
         audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
         if rate != SAMPLE_RATE:
             raise ValueError(f"{path}: {rate} Hz, expected {SAMPLE_RATE}")
-        items.append(EvalItem(entry["audio"], audio.mean(axis=1), entry["text"]))
+        voice = entry.get("voice") if isinstance(entry.get("voice"), str) else ""
+        items.append(EvalItem(entry["audio"], audio.mean(axis=1), entry["text"], voice_group(voice)))
     return items
 
 
@@ -97,7 +100,13 @@ def synth_eval_set(count: int, seed: int, train_seed: int, train_count: int, wor
     utterances = synth.sample_utterances(count, seed, heldout=True, exclude=seen)
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         audio = list(tqdm(pool.imap(_render, utterances, chunksize=16), total=count, desc="held-out set", disable=None))
-    return [EvalItem(f"{i:05d} {u.voice}", a, u.text) for i, (u, a) in enumerate(zip(utterances, audio))]
+    return [EvalItem(f"{i:05d} {u.voice}", a, u.text, voice_group(u.voice))
+            for i, (u, a) in enumerate(zip(utterances, audio))]
+
+
+def voice_group(voice: str) -> str:
+    """The timbre of an espeak-ng voice ("en-us+m3" -> "m3"): what held-out voices differ by."""
+    return voice.partition("+")[2] or voice
 
 
 def evaluate(model_dir: str | Path, items: list[EvalItem], precision: str, threads: int = 0,
@@ -111,16 +120,22 @@ def evaluate(model_dir: str | Path, items: list[EvalItem], precision: str, threa
                                              containers=containers)).load()
     errors = words = correct = 0
     examples = []
+    groups: dict[str, list[int]] = {}
     for item in tqdm(items, desc=f"eval {precision}", unit="utt", disable=None):
         hypothesis = engine.transcribe(item.audio).text
-        e = word_errors(item.text, hypothesis)
+        e, n = word_errors(item.text, hypothesis), len(normalize(item.text))
         errors += e
-        words += len(normalize(item.text))
+        words += n
         correct += e == 0
         if e and len(examples) < 20:
             examples.append((item.text, hypothesis))
+        if item.group:
+            tally = groups.setdefault(item.group, [0, 0])
+            tally[0] += e
+            tally[1] += n
+    ranked = sorted(((g, e, n) for g, (e, n) in groups.items()), key=lambda t: (-t[1] / max(1, t[2]), t[0]))
     return EvalResult(precision, len(items), words, errors, errors / max(1, words), correct / max(1, len(items)),
-                      tuple(examples))
+                      tuple(examples), tuple(ranked))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         print(f"{r.precision}: WER {r.wer:.2%} ({r.word_errors}/{r.words} words), "
               f"sentence accuracy {r.sentence_accuracy:.2%} ({r.utterances} utterances)")
+        if r.groups:
+            print("    by voice: " + ", ".join(f"{g} {e / max(1, n):.1%}" for g, e, n in r.groups))
         for ref, hyp in r.examples[:5]:
             print(f"    {ref!r} -> {hyp!r}")
     if args.json is not None:

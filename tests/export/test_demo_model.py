@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 import soundfile
 
-from export.evaluate import load_eval_dir, word_errors
+from export.evaluate import evaluate, load_eval_dir, word_errors
 from export.synth import NOISE_KINDS, colored_noise
 from pipeline.audio import PROMPT_FRAMES, SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import decode_ctc
@@ -58,6 +58,16 @@ def test_held_out_voices(engine: Engine, singles) -> None:
         errors += word_errors(item.text, t.text)
         words += len(item.text.split())
     assert errors <= 1, f"{errors} word errors in {words} words"
+
+
+def test_eval_reports_wer_by_held_out_voice(singles) -> None:
+    result = evaluate(DEMO, singles, "int8", threads=1)
+    voices = json.loads((FIXTURES / "transcripts.json").read_text(encoding="utf-8"))
+    assert {g for g, _, _ in result.groups} == {v["voice"].partition("+")[2] for v in voices}
+    assert sum(e for _, e, _ in result.groups) == result.word_errors
+    assert sum(n for _, _, n in result.groups) == result.words
+    rates = [e / n for _, e, n in result.groups]
+    assert rates == sorted(rates, reverse=True)
 
 
 def test_itn_prompt_gives_the_same_words(engine: Engine, singles) -> None:
