@@ -34,7 +34,7 @@ from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrCon
                               ack_message, encode, end_message, error_message, final_message, parse_control)
 from .http import check_handshake_token, response
 from .protocol import CLOSE_GOING_AWAY
-from .server import KEEPALIVE_INTERVAL
+from .server import KEEPALIVE_INTERVAL, WEBSOCKET_COMPRESSION
 from .streaming import StreamConnection, check_text_size
 from .worker import Job
 
@@ -58,6 +58,7 @@ async def start(app: Server, host: str, port: int, ssl: ssl_module.SSLContext | 
         process_request=functools.partial(process_request, app),
         select_subprotocol=select_subprotocol,
         max_size=app.config.max_message_bytes,
+        compression=WEBSOCKET_COMPRESSION,
         origins=[*app.config.allowed_origins, None] if app.config.allowed_origins else None,
         ssl=ssl,
         ping_interval=KEEPALIVE_INTERVAL,

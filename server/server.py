@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 1
 KEEPALIVE_INTERVAL = 20.0  # seconds between server pings; a peer that misses one for as long is dropped
+# No permessage-deflate: PCM audio barely compresses, and each connection's zlib state would outlive it
+# until Python's cyclic garbage collector frees the closed connection (docs/reliability.md, soak).
+WEBSOCKET_COMPRESSION = None
 
 
 def engine_options(config: ServerConfig) -> EngineOptions:
@@ -137,6 +140,7 @@ class Server:
             self.config.port,
             process_request=functools.partial(process_request, self),
             max_size=self.config.max_message_bytes,
+            compression=WEBSOCKET_COMPRESSION,
             origins=[*self.config.allowed_origins, None] if self.config.allowed_origins else None,
             ssl=self._ssl_context(),
             ping_interval=KEEPALIVE_INTERVAL,

@@ -168,3 +168,13 @@ async def test_client_disconnect_mid_segment_releases_everything(serve_test_serv
         assert server.worker.depth == 0
         result = await run_stream(url, speech.audio)  # and the server still serves
     assert len(result.of("final")) == len(speech.utterances)
+
+
+async def test_no_compression_is_negotiated(serve_test_server):
+    """Clients that offer permessage-deflate (browsers, websockets' default) get uncompressed frames on
+    both ports: audio barely compresses, and deflate state per connection costs memory until the GC."""
+    async with serve_test_server(funasr_port=0) as url:
+        for address in (url, f"ws://127.0.0.1:{url.server.funasr_port}/"):
+            async with websockets.connect(address) as ws:  # compression="deflate" is the client's default
+                assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+                assert ws.protocol.extensions == []
