@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import synth
+from .evaluate import format_groups
 
 
 def write_model_card(path: Path, manifest, tokens: list[str], results, history: list[dict]) -> None:
@@ -18,7 +19,7 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
     mistakes = "\n".join(f"- `{ref}` -> `{hyp}`" for ref, hyp in results[0].examples[:8]) or "- none"
     curve = ", ".join(f"{h['heldout_wer']:.1%} at step {h['step']}" for h in history) or "not recorded"
     phrases = ", ".join(f'"{p}"' for p in synth.PHRASES)
-    by_voice = ", ".join(f"{g} {e / max(1, n):.1%}" for g, e, n in results[0].groups) or "not measured"
+    by_voice = format_groups(results[0].groups) or "not measured"
     text = f"""# Unipad demo model: English digits and commands (synthetic speech)
 
 **A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng

@@ -29,12 +29,11 @@ from pipeline.audio import SAMPLE_RATE, AudioFormat, resample
 from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
 from pipeline.stream import StreamSession
 
-from .access import install_redaction
 from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrConfig, ResultWriter, SegmentResult, Word,
                               ack_message, encode, end_message, error_message, final_message, parse_control)
 from .http import check_handshake_token, response
 from .protocol import CLOSE_GOING_AWAY
-from .server import KEEPALIVE_INTERVAL, WEBSOCKET_COMPRESSION
+from .server import listener_options
 from .streaming import StreamConnection, check_text_size
 from .worker import Job
 
@@ -57,13 +56,8 @@ async def start(app: Server, host: str, port: int, ssl: ssl_module.SSLContext | 
         port,
         process_request=functools.partial(process_request, app),
         select_subprotocol=select_subprotocol,
-        max_size=app.config.max_message_bytes,
-        compression=WEBSOCKET_COMPRESSION,
-        origins=[*app.config.allowed_origins, None] if app.config.allowed_origins else None,
         ssl=ssl,
-        ping_interval=KEEPALIVE_INTERVAL,
-        ping_timeout=KEEPALIVE_INTERVAL,
-        logger=install_redaction(logging.getLogger("websockets.server")),  # handshakes may carry ?token=
+        **listener_options(app.config),
     )
     app.funasr_port = server.sockets[0].getsockname()[1]  # the bound port (config may say 0)
     log.info("FunASR runtime protocol on %s://%s:%d", "wss" if ssl else "ws", host, app.funasr_port)

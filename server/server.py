@@ -38,9 +38,20 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 1
 KEEPALIVE_INTERVAL = 20.0  # seconds between server pings; a peer that misses one for as long is dropped
-# No permessage-deflate: PCM audio barely compresses, and each connection's zlib state would outlive it
-# until Python's cyclic garbage collector frees the closed connection (docs/reliability.md, soak).
-WEBSOCKET_COMPRESSION = None
+
+
+def listener_options(config: ServerConfig) -> dict[str, Any]:
+    """websockets.serve() settings shared by the stream port and the FunASR port."""
+    return dict(
+        max_size=config.max_message_bytes,
+        # No permessage-deflate: PCM audio barely compresses, and each connection's zlib state would outlive
+        # it until Python's cyclic garbage collector frees the closed connection (docs/reliability.md, soak).
+        compression=None,
+        origins=[*config.allowed_origins, None] if config.allowed_origins else None,
+        ping_interval=KEEPALIVE_INTERVAL,
+        ping_timeout=KEEPALIVE_INTERVAL,
+        logger=install_redaction(logging.getLogger("websockets.server")),  # debug logs show ?token= handshakes
+    )
 
 
 def engine_options(config: ServerConfig) -> EngineOptions:
@@ -139,13 +150,8 @@ class Server:
             self.config.host,
             self.config.port,
             process_request=functools.partial(process_request, self),
-            max_size=self.config.max_message_bytes,
-            compression=WEBSOCKET_COMPRESSION,
-            origins=[*self.config.allowed_origins, None] if self.config.allowed_origins else None,
             ssl=self._ssl_context(),
-            ping_interval=KEEPALIVE_INTERVAL,
-            ping_timeout=KEEPALIVE_INTERVAL,
-            logger=install_redaction(logging.getLogger("websockets.server")),  # debug logs show handshakes
+            **listener_options(self.config),
         )
         self._listeners.append(server)
         self.port = server.sockets[0].getsockname()[1]
