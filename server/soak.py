@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import platform
 import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,17 @@ def slope_per_100(samples: list[tuple[int, int]]) -> float:
     return float(np.polyfit(x, y, 1)[0] * 100)
 
 
+def heap_report(top: int = 5) -> dict[str, Any]:
+    """Traced Python heap before and after a full garbage collection, and its largest sites before it."""
+    snapshot = tracemalloc.take_snapshot()
+    before = tracemalloc.get_traced_memory()[0]
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"heap_traced_mb_before_gc": round(before / 2**20, 1), "heap_traced_mb_after_gc": round(after / 2**20, 1),
+            "heap_largest_sites_before_gc": [str(s) for s in snapshot.statistics("lineno")[:top]]}
+
+
 def default_model() -> Path:
     if (DEFAULT_MODEL_DIR / "manifest.json").is_file():
         return DEFAULT_MODEL_DIR
@@ -171,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--utterances", type=int, default=None, help="utterances in --audio (default: from its .json)")
     p.add_argument("--sample-every", type=int, default=50, help="segments between RSS samples")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0: one per core)")
+    p.add_argument("--trace-heap", action="store_true", help="trace the Python heap; report what only the GC frees")
     args = p.parse_args(argv)
 
     per_play = args.utterances or len(json.loads(UTTERANCES.read_text())["speech"])
@@ -188,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(0.5)  # the server releases a stream just after its client sees the close
     tasks_before, threads_before, rss_before = app.tasks(), threading.active_count(), rss_bytes()
     tally = Tally(samples=[(0, rss_before)], next_sample=args.sample_every)
+    if args.trace_heap:
+        tracemalloc.start()
     asyncio.run(drive(app.url, pcm, per_play, args, tally))
     time.sleep(0.5)  # the server releases a stream just after its client sees the close
     tasks_after, threads_after, rss_after = app.tasks(), threading.active_count(), rss_bytes()
+    heap = heap_report() if args.trace_heap else {}
     sessions_left = len(app.server.connections)
     exit_code = app.stop()
     elapsed = time.perf_counter() - began
@@ -209,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss_mb_by_segments": [(n, round(r / 2**20)) for n, r in tally.samples],
         "tasks_before": tasks_before, "tasks_after": tasks_after,
         "threads_before": threads_before, "threads_after": threads_after, "sessions_left": sessions_left,
-        "server_exit_code": exit_code,
+        "server_exit_code": exit_code, **heap,
     }
     print(json.dumps(report, indent=2))
     ok = (report["finals_lost"] == 0 and not tally.stream_errors and tasks_after <= tasks_before
