@@ -11,6 +11,7 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
     """Markdown: what the model recognises, how it was made, its held-out WER, and what it is not."""
     source = manifest.source
     training = source.get("training", {})
+    options = training.get("options", {})
     dims = manifest.dimensions
     rows = "\n".join(
         f"| {r.precision} | {r.wer:.2%} ({r.word_errors}/{r.words}) | {r.sentence_accuracy:.2%} | {r.utterances} |"
@@ -20,6 +21,7 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
     curve = ", ".join(f"{h['heldout_wer']:.1%} at step {h['step']}" for h in history) or "not recorded"
     phrases = ", ".join(f'"{p}"' for p in synth.PHRASES)
     by_voice = format_groups(results[0].groups) or "not measured"
+    recipe = synth.Recipe()
     text = f"""# Unipad demo model: English digits and commands (synthetic speech)
 
 **A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng
@@ -52,7 +54,7 @@ Vocabulary: {len(tokens)} tokens (`tokens.txt`: blank, the words, the tags).
 
 The held-out set uses espeak-ng voice variants never heard in training
 ({", ".join(synth.HELDOUT_VARIANTS)}, with every accent) and word sequences absent from the training
-texts, with the training augmentation.
+texts, with the training augmentation except rooms (echo, reverberation), which only training hears.
 WER by held-out voice variant (fp32, worst first): {by_voice}.
 
 Greedy WER on 300 other held-out utterances during training
@@ -75,13 +77,16 @@ training {training.get("train_seconds", "?")} s, {training.get("steps", "?")} st
   ({", ".join(synth.VOICE_BASES)}) x {len(synth.TRAIN_VARIANTS)} voice variants, random speaking rate,
   pitch and word gap; speed perturbation, spectral tilt, gain, leading/trailing silence, white noise
   (15-40 dB SNR on 60 % of utterances); 5 % of the utterances are white, pink or brown noise alone
-  (-60 to -5 dBFS, empty transcript) so that noisy segments decode to no words; mel-axis warping and
+  (-60 to -5 dBFS, empty transcript) so that noisy segments decode to no words; rooms: a feedback echo
+  ({recipe.echo_delay[0] * 1000:g}-{recipe.echo_delay[1] * 1000:g} ms, on {recipe.echo_probability:.0%} of the speech) or a
+  synthetic reverberation tail (RT60 {recipe.rt60[0]:g}-{recipe.rt60[1]:g} s, on {recipe.reverb_probability:.0%}); mel-axis warping and
   small frequency/time masks while training.
   The full recipe is in `manifest.json` (`source`).
 - Model: the project's SenseVoice definition (SAN-M encoder, in-graph fbank + LFR + CMVN),
   d={dims.get("output_size")}, {dims.get("attention_heads")} heads, FFN {dims.get("linear_units")},
   {dims.get("num_blocks")} + {dims.get("tp_blocks")} layers; CMVN (`am.mvn` equivalent) from the training
-  features; CTC on the 4 tags + word tokens; AdamW, warmup and cosine decay.
+  features; CTC on the 4 tags + word tokens; AdamW (peak learning rate {options.get("peak_lr", "?")}),
+  warmup and cosine decay; {training.get("precision", "fp32")} matrix products (autocast; the weights stay fp32).
 - Exported with the normal export path (`export/onnx_export.py`): `model.onnx` (fp32) and
   `model.int8.onnx` (dynamic int8 MatMul).
 """

@@ -81,6 +81,15 @@ class Recipe:
     noise_only_probability: float = 0.05
     noise_only_dbfs: tuple[float, float] = (-60.0, -5.0)  # RMS level
     noise_only_seconds: tuple[float, float] = (0.5, 8.0)
+    # Rooms, on training speech only: a feedback echo (as espeak-ng's own `echo` voice setting makes,
+    # and as hard walls do) or a diffuse reverberation tail. Drawn from a stream of their own, so texts,
+    # voices and the held-out set stay those of a recipe without rooms.
+    echo_probability: float = 0.25
+    echo_delay: tuple[float, float] = (0.005, 0.3)  # seconds
+    echo_feedback: tuple[float, float] = (0.1, 0.45)  # gain of each repetition
+    reverb_probability: float = 0.2
+    rt60: tuple[float, float] = (0.15, 0.7)  # seconds for the tail to fall 60 dB
+    direct_to_reverb_db: tuple[float, float] = (0.0, 12.0)
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,10 @@ class Utterance:
     noise_kind: str = "white"  # of a noise-only utterance (text ""): "white", "pink" or "brown"
     noise_dbfs: float = 0.0  # its RMS level
     noise_seconds: float = 0.0  # its length
+    echo_delay: float = 0.0  # seconds; 0: no echo
+    echo_feedback: float = 0.0
+    rt60: float = 0.0  # seconds; 0: no reverberation
+    direct_to_reverb_db: float = 0.0
 
 
 def require_espeak() -> str:
@@ -140,6 +153,7 @@ def sample_utterances(
 ) -> list[Utterance]:
     """`count` utterance recipes. heldout=True uses only HELDOUT_VARIANTS and skips texts in `exclude`."""
     rng = np.random.default_rng([seed, 1 if heldout else 0])
+    room_rng = np.random.default_rng([seed, 2])
     variants = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
     out: list[Utterance] = []
     while len(out) < count:
@@ -174,8 +188,21 @@ def sample_utterances(
             snr_db=uniform(recipe.snr_db) if rng.random() < recipe.noise_probability else None,
             tilt=uniform(recipe.tilt),
             noise_seed=int(rng.integers(2**31)),
+            **({} if heldout else room(room_rng, recipe)),
         ))
     return out
+
+
+def room(rng: np.random.Generator, recipe: Recipe) -> dict[str, float]:
+    """Utterance fields of an echo, a reverberation or neither (empty dict)."""
+    kind = rng.random()
+    if kind < recipe.echo_probability:
+        return {"echo_delay": float(rng.uniform(*recipe.echo_delay)),
+                "echo_feedback": float(rng.uniform(*recipe.echo_feedback))}
+    if kind < recipe.echo_probability + recipe.reverb_probability:
+        return {"rt60": float(rng.uniform(*recipe.rt60)),
+                "direct_to_reverb_db": float(rng.uniform(*recipe.direct_to_reverb_db))}
+    return {}
 
 
 def espeak(text: str, voice: str, words_per_minute: int = 175, pitch: int = 50, word_gap: int = 0) -> np.ndarray:
@@ -207,15 +234,42 @@ def render(u: Utterance) -> np.ndarray:
     # Reading 22.05 kHz samples as if they were (22.05 * speed) kHz plays them `speed` times faster.
     audio = soxr.resample(raw, ESPEAK_RATE * u.speed, SAMPLE_RATE).astype(np.float32)
     audio[1:] -= u.tilt * audio[:-1].copy()  # spectral tilt: a crude stand-in for microphones and vocal tracts
-    peak = float(np.abs(audio).max()) or 1.0
-    audio *= u.gain * 0.5 / peak  # espeak-ng peaks near 0.5; gain is relative to that
     lead, trail = int(u.lead * SAMPLE_RATE), int(u.trail * SAMPLE_RATE)
     audio = np.concatenate([np.zeros(lead, np.float32), audio, np.zeros(trail, np.float32)])
+    if u.echo_delay > 0:  # echoes and reverberation ring on into the trailing silence
+        audio = feedback_echo(audio, max(1, int(u.echo_delay * SAMPLE_RATE)), u.echo_feedback)
+    if u.rt60 > 0:
+        audio = reverberate(audio, u.rt60, u.direct_to_reverb_db, u.noise_seed)
+    peak = float(np.abs(audio).max()) or 1.0
+    audio *= np.float32(u.gain * 0.5 / peak)  # espeak-ng peaks near 0.5; gain is relative to that
     if u.snr_db is not None:
         speech_power = float(np.mean(audio[lead:len(audio) - trail] ** 2)) + 1e-12
         noise = np.random.default_rng(u.noise_seed).standard_normal(len(audio)).astype(np.float32)
         audio += noise * np.float32(np.sqrt(speech_power / 10 ** (u.snr_db / 10)))
     return np.clip(audio, -1.0, 1.0)
+
+
+def feedback_echo(audio: np.ndarray, delay: int, feedback: float) -> np.ndarray:
+    """y[n] = x[n] + feedback * y[n - delay], a block of `delay` samples at a time."""
+    out = audio.copy()
+    for start in range(delay, len(out), delay):
+        end = min(start + delay, len(out))
+        out[start:end] += feedback * out[start - delay : end - delay]
+    return out
+
+
+def reverberate(audio: np.ndarray, rt60: float, direct_to_reverb_db: float, seed: int) -> np.ndarray:
+    """Convolution with a synthetic room response: the direct sound, then exponentially decaying noise.
+    The result keeps the input's length (the tail falls into the trailing silence or is cut)."""
+    rng = np.random.default_rng([seed, 1])
+    t = np.arange(1, int(rt60 * SAMPLE_RATE)) / SAMPLE_RATE
+    tail = rng.standard_normal(len(t)) * np.exp(-6.9 * t / rt60)  # 60 dB = e^-6.9 in amplitude
+    tail *= 10 ** (-direct_to_reverb_db / 20) / (np.sqrt(np.sum(tail**2)) + 1e-12)
+    response = np.concatenate([[1.0], tail])
+    n = len(audio) + len(response) - 1
+    size = 1 << (n - 1).bit_length()
+    wet = np.fft.irfft(np.fft.rfft(audio, size) * np.fft.rfft(response, size), size)[: len(audio)]
+    return wet.astype(np.float32)
 
 
 def text_seed(text: str) -> int:

@@ -13,7 +13,8 @@ import pytest
 from export import synth
 from pipeline.audio import SAMPLE_RATE
 from export.evaluate import word_errors
-from export.train_demo import TrainOptions, build_model, cmvn_from, demo_tokens, length_batches, train
+from export.demo_data import cmvn_from, length_batches
+from export.train_demo import TrainOptions, build_model, demo_tokens, train, training_precision
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,11 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, words: str, code: i
 def test_existing_output_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "demo").mkdir()
     assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo")), "already exists")
+
+
+def test_a_budget_too_short_for_export_and_evaluation_is_refused(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo"), "--minutes", "2"), "too short")
+    assert not (tmp_path / "demo").exists()
 
 
 def test_missing_espeak_is_reported(tmp_path: Path) -> None:
@@ -88,6 +94,38 @@ def test_noise_only_utterances_have_no_text_and_their_level() -> None:
     assert not [u for u in synth.sample_utterances(400, 0, heldout=True) if not u.text]
 
 
+def test_rooms_touch_only_training_audio_and_leave_texts_and_voices_alone() -> None:
+    roomless = synth.Recipe(echo_probability=0.0, reverb_probability=0.0)
+    train = synth.sample_utterances(1000, 0)
+    plain = synth.sample_utterances(1000, 0, recipe=roomless)
+    assert [(u.text, u.voice, u.speed) for u in train] == [(u.text, u.voice, u.speed) for u in plain]
+    speech = [u for u in train if u.text]
+    echoes, rooms = sum(u.echo_delay > 0 for u in speech), sum(u.rt60 > 0 for u in speech)
+    recipe = synth.Recipe()
+    assert abs(echoes / len(speech) - recipe.echo_probability) < 0.05
+    assert abs(rooms / len(speech) - recipe.reverb_probability) < 0.05
+    assert not any(u.echo_delay or u.rt60 for u in plain)
+    assert not any(u.echo_delay or u.rt60 for u in synth.sample_utterances(300, 0, heldout=True))
+
+
+def test_feedback_echo_repeats_with_decaying_gain() -> None:
+    impulse = np.zeros(1000, np.float32)
+    impulse[0] = 1.0
+    out = synth.feedback_echo(impulse, 160, 0.4)
+    assert np.flatnonzero(out).tolist() == [0, 160, 320, 480, 640, 800, 960]
+    np.testing.assert_allclose(out[::160], 0.4 ** np.arange(7), rtol=1e-6)
+
+
+def test_reverberation_keeps_the_direct_sound_and_its_ratio() -> None:
+    impulse = np.zeros(SAMPLE_RATE, np.float32)
+    impulse[100] = 1.0
+    out = synth.reverberate(impulse, rt60=0.3, direct_to_reverb_db=6.0, seed=1)
+    assert len(out) == len(impulse) and np.abs(out[:100]).max() < 1e-6 and out[100] == pytest.approx(1.0, abs=1e-5)
+    tail = out[101:].astype(np.float64)
+    assert 10 * np.log10(1.0 / np.sum(tail**2)) == pytest.approx(6.0, abs=0.01)
+    assert np.sum(tail[int(0.25 * SAMPLE_RATE):] ** 2) < 1e-4 * np.sum(tail**2)  # 50 dB down well before rt60
+
+
 def test_word_errors() -> None:
     assert word_errors("three five oh nine", "three five oh nine") == 0
     assert word_errors("three five oh nine", "three oh nine one") == 2
@@ -101,7 +139,18 @@ def test_length_batches_cover_everything_once() -> None:
     assert all(lengths[b].max() * len(b) <= 600 or len(b) == 1 for b in batches)
 
 
-def test_a_few_training_steps_reduce_nothing_to_nan() -> None:
+def test_training_precision_auto_follows_the_cpu() -> None:
+    import torch
+
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert training_precision("auto") == ("bf16" if native else "fp32")
+    assert training_precision("fp32") == "fp32" and training_precision("bf16") == "bf16"
+    with pytest.raises(ValueError, match="unknown precision 'fp16'"):
+        training_precision("fp16")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_few_training_steps_reduce_nothing_to_nan(precision: str) -> None:
     """The training loop end to end on random features (no espeak-ng): 3 steps, finite loss, a summary."""
     import torch
 
@@ -112,9 +161,10 @@ def test_a_few_training_steps_reduce_nothing_to_nan() -> None:
     model = build_model(len(demo_tokens()))
     model.set_cmvn(*cmvn_from(features))
     before = [p.detach().clone() for p in model.parameters()]
-    options = TrainOptions(steps=3, minutes=5, warmup=1, max_frames=200, threads=1, log_every=1)
+    options = TrainOptions(steps=3, minutes=5, warmup=1, max_frames=200, threads=1, log_every=1, precision=precision)
     lines: list[str] = []
     summary = train(model, features, texts, (features[:4], texts[:4]), options, log=lines.append)
+    assert summary["precision"] == precision and all(p.dtype == torch.float32 for p in model.parameters())
     assert summary["steps"] == 3 and 0 <= summary["heldout_greedy_wer_torch"] <= 1.5
     assert all("nan" not in line for line in lines)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -130,3 +180,21 @@ def test_one_step_smoke_run(tmp_path: Path) -> None:
     assert manifest["source"]["training"]["steps"] == 1
     assert {"model.onnx", "model.int8.onnx", "tokens.txt", "README.md"} <= {p.name for p in out.iterdir()}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+def test_bench_train_refuses_a_zero_step_run() -> None:
+    assert_one_line_error(run_cli("bench-train", "--steps", "0"), "must be positive")
+
+
+@pytest.mark.slow
+def test_bench_train_times_both_precisions() -> None:
+    """Real espeak-ng utterances, the loop's own step: a row per precision with a positive time."""
+    try:
+        synth.require_espeak()
+    except RuntimeError:
+        pytest.skip("espeak-ng is not installed here")
+    proc = run_cli("bench-train", "--utterances", "40", "--steps", "2", "--warmup", "1", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| fp32") or line.startswith("| bf16")}
+    assert set(rows) == {"fp32", "bf16"}
+    assert all(float(row.split("|")[2]) > 0 for row in rows.values())
