@@ -6,7 +6,7 @@
     cmvn   shift = -mean, scale = 1/std over the training frames: the am.mvn of this model
     train  a small SenseVoice (ModelDimensions.preset("demo")) with CTC on [4 tags] + word tokens; batches
            by length, AdamW, warmup + cosine decay over --steps or the time left of --minutes, mel-warp, masks;
-           bf16 autocast where the CPU has it (the budget is time, and bf16 gives 1.6x the steps)
+           bf16 autocast where the CPU has it (the budget is time, and bf16 gives 1.4-1.6x the steps)
     ship   export fp32 + int8 into a temporary sibling of --out, evaluate it on held-out voices and phrases
            through pipeline.engine.Engine, write the model card, rename into place
 """
@@ -86,17 +86,21 @@ def greedy_words(logprobs, lengths, tokens: list[str]) -> list[str]:
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
-def training_precision(requested: str) -> str:
-    """bf16 where the CPU computes it natively (AVX512-BF16 or AMX): twice the steps per minute, measured.
-    Elsewhere oneDNN emulates it, slower than fp32."""
+def native_bf16() -> bool:
+    """Whether the CPU computes bf16 itself (AVX512-BF16 or AMX); elsewhere oneDNN emulates it."""
     import torch
 
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def training_precision(requested: str) -> str:
+    """"auto" is bf16 where the CPU has it natively (1.4-1.6x the steps per minute here, measured by
+    `python -m export bench-train`), fp32 elsewhere: emulated bf16 is slower than fp32."""
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r} (choose from {', '.join(PRECISIONS)})")
     if requested != "auto":
         return requested
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return "bf16" if native else "fp32"
+    return "bf16" if native_bf16() else "fp32"
 
 
 def adamw(model, options: TrainOptions):
@@ -117,10 +121,16 @@ def tag_targets(token_ids: dict[str, int], textnorm: int) -> list[int]:
     return [token_ids["<|en|>"], token_ids["<|NEUTRAL|>"], token_ids["<|Speech|>"], token_ids[TEXTNORM_PROMPTS[textnorm]]]
 
 
-def train_step(model, optimizer, x, x_lengths, language, textnorm, target_rows: list[list[int]], precision: str):
-    """One CTC update (gradients clipped at norm 5); returns the loss tensor."""
+def train_step(model, optimizer, features: list[np.ndarray], word_targets: list[list[int]], token_ids: dict[str, int],
+               shift, scale, options: TrainOptions, generator, rng: np.random.Generator, precision: str):
+    """One CTC update on one batch (its features and word targets): collation with augmentation, random
+    language and textnorm prompts, gradients clipped at norm 5. Returns the loss tensor."""
     import torch
 
+    x, x_lengths = collate(features, shift, scale, options, generator)
+    language = torch.tensor(rng.choice(LANGUAGE_PROMPTS, len(features)), dtype=torch.int32)
+    textnorm = torch.tensor(rng.choice(list(TEXTNORM_PROMPTS), len(features)), dtype=torch.int32)
+    target_rows = [tag_targets(token_ids, int(tn)) + words for words, tn in zip(word_targets, textnorm)]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         logprobs, out_lengths = model.encode(x, x_lengths, language, textnorm)  # logprobs: float32
     loss = torch.nn.functional.ctc_loss(
@@ -167,11 +177,8 @@ def train(model, features, texts, heldout, options: TrainOptions, seconds: float
             lr = options.peak_lr * min(1.0, (step + 1) / options.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, x_lengths = collate([features[i] for i in batch], shift, scale, options, generator)
-            language = torch.tensor(rng.choice(LANGUAGE_PROMPTS, len(batch)), dtype=torch.int32)
-            textnorm = torch.tensor(rng.choice(list(TEXTNORM_PROMPTS), len(batch)), dtype=torch.int32)
-            target_rows = [tag_targets(token_ids, int(tn)) + word_targets[i] for i, tn in zip(batch, textnorm)]
-            loss = train_step(model, optimizer, x, x_lengths, language, textnorm, target_rows, precision)
+            loss = train_step(model, optimizer, [features[i] for i in batch], [word_targets[i] for i in batch],
+                              token_ids, shift, scale, options, generator, rng, precision)
             step += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}", epoch=epoch)
