@@ -1,4 +1,4 @@
-"""`python -m export {sensevoice,verify,train-demo,eval,bench-train} ...`"""
+"""`python -m export {sensevoice,verify,add-decoding,train-demo,eval,bench-train} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ from pipeline.errors import UnipadError
 COMMANDS = {
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
+    "add-decoding": ("export.decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
     "bench-train": ("export.train_bench", "seconds per training step of the demo model, fp32 against bf16"),

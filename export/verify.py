@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
+from pipeline.modeldir import FREE_DIMENSIONS, OUTPUT_NAMES, read_model_directory
 
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
 
@@ -43,7 +43,7 @@ def run_session(session, audio: np.ndarray, valid: int) -> np.ndarray:
         "language": np.zeros(1, dtype=np.int32),
         "textnorm": np.full(1, 15, dtype=np.int32),
     }
-    logprobs, lengths = session.run(None, feeds)
+    logprobs, lengths = session.run(list(OUTPUT_NAMES), feeds)
     return logprobs[0, : int(lengths[0])]
 
 

@@ -8,6 +8,9 @@ The graph's inputs: `audio` float32 [batch, samples] in [-1, 1], `audio_lengths`
 samples), `language` int32 [batch] and `textnorm` int32 [batch] (prompt rows of the embedding).
 Outputs: `logprobs` float32 [batch, frames, vocab] (CTC log-probabilities, the 4 prompt frames first) and
 `logprob_lengths` int32 [batch] (valid frames). `batch` and `samples` are named free dimensions.
+Graphs exported since the decoding step (export/decoding_outputs.py; manifest `top_k` > 0) also output
+`best_ids` int32 [batch, frames], `best_logprobs` float32 [batch, frames], `topk_ids` int32
+[batch, frames, top_k] and `topk_logprobs` float32 [batch, frames, top_k]; older directories lack them.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ ONNX_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp
 FREE_DIMENSIONS = ("batch", "samples")
 INPUT_NAMES = ("audio", "audio_lengths", "language", "textnorm")
 OUTPUT_NAMES = ("logprobs", "logprob_lengths")
+DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs")
 
 # Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
 SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
@@ -49,6 +53,7 @@ class ModelManifest:
     blank_id: int = 0
     tag_tokens: dict = field(default_factory=dict)  # "language"|"emotion"|"event"|"textnorm" -> token ids
     opset: int = 18
+    top_k: int = 0  # k of the in-graph decoding outputs (DECODING_OUTPUT_NAMES); 0: the graphs have none
     format: str = MANIFEST_FORMAT
 
     def to_json(self) -> str:
