@@ -56,7 +56,8 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
 
 def engine_options(config: ServerConfig) -> EngineOptions:
     return EngineOptions(device=resolve_device(config.device), precision=config.precision,
-                         containers=config.containers, threads=config.threads)
+                         containers=config.containers, threads=config.threads, batch_sizes=config.batch_sizes,
+                         cuda_graph=config.cuda_graph, allow_tf32=config.allow_tf32)
 
 
 class Server:
@@ -100,6 +101,7 @@ class Server:
         if not self.ready:
             return 503, {"status": "warming_up", **body}
         body |= {"provider": self.engine.provider, "containers": list(self.engine.containers),
+                 "batch_sizes": list(getattr(self.engine, "batch_sizes", ())),
                  "queue": self.worker.depth}
         if self._should_exit.is_set():
             return 503, {"status": "shutting_down", **body}
