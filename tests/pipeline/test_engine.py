@@ -340,6 +340,13 @@ def test_io_binding_runner_replays_fixed_buffers(engine):
         np.testing.assert_array_equal(bound[0], plain[0])
         assert int(bound[1][0]) == int(plain[1][0])
         results.append((bound[0], plain[0]))
+        # ORT captures a CUDA graph inside the first bound run: every output must already sit in the
+        # buffer it will keep (the cause of the wrong results on the H100 was rebinding after that run)
+        addresses = {n: v.data_ptr() for n, v in runner._outputs.items()}
+        assert [v.data_ptr() for v in runner._binding.get_outputs()] == list(addresses.values())
+        if seed == 1:
+            first = addresses
+        assert addresses == first
     for bound, plain in results:  # earlier results were not overwritten by later runs
         np.testing.assert_array_equal(bound, plain)
 
