@@ -3,8 +3,8 @@
     logprobs f32 [batch, frames, vocab] -> TopK(k, axis=-1, largest, sorted)
         topk_logprobs  f32 [batch, frames, k]   the k best log-probs of each frame, best first
         topk_ids       i32 [batch, frames, k]   their token ids (ties: the lower id first, as np.argmax)
-        best_logprobs  f32 [batch, frames]      column 0 of the above
-        best_ids       i32 [batch, frames]
+        best_logprobs  f32 [batch, frames]      ReduceMax: column 0 of the above
+        best_ids       i32 [batch, frames]      ArgMax (the first best id, as np.argmax)
 
 The serving path fetches only these, so the host never receives the full [frames, vocab] log-probs (50 MB
 per 30 s segment for SenseVoiceSmall) unless a caller asks. The step works on any model directory, so
@@ -29,7 +29,8 @@ DEFAULT_TOP_K = 8
 def add_decoding_outputs(model, k: int = DEFAULT_TOP_K):
     """Return `model` (an onnx.ModelProto with a `logprobs` output) with the four decoding outputs added.
 
-    k is clipped to the vocabulary. A model that has them already is returned unchanged."""
+    k is clipped to the vocabulary. A model that has them already is returned unchanged. Needs opset >= 18
+    (ReduceMax with an axes input), which every exported graph has."""
     from onnx import TensorProto, helper, numpy_helper
 
     import numpy as np
@@ -45,13 +46,17 @@ def add_decoding_outputs(model, k: int = DEFAULT_TOP_K):
         k = min(k, vocab)
     best_ids, best_logprobs, topk_ids, topk_logprobs = DECODING_OUTPUT_NAMES
     graph.initializer.extend([numpy_helper.from_array(np.array([k], np.int64), "decoding_k"),
-                              numpy_helper.from_array(np.array(0, np.int64), "decoding_best")])
+                              numpy_helper.from_array(np.array([-1], np.int64), "decoding_axes")])
+    # The best id and log-prob come from their own ArgMax and ReduceMax rather than from TopK's first
+    # column, so that the serving path, which fetches only them, does not pay for the top-k.
     graph.node.extend([
+        helper.make_node("ArgMax", ["logprobs"], ["decoding_best_ids64"], axis=-1, keepdims=0,
+                         select_last_index=0, name="decoding_argmax"),
+        helper.make_node("Cast", ["decoding_best_ids64"], [best_ids], to=TensorProto.INT32, name="decoding_cast_best"),
+        helper.make_node("ReduceMax", ["logprobs", "decoding_axes"], [best_logprobs], keepdims=0, name="decoding_max"),
         helper.make_node("TopK", ["logprobs", "decoding_k"], [topk_logprobs, "decoding_topk_ids64"],
                          axis=-1, largest=1, sorted=1, name="decoding_topk"),
-        helper.make_node("Cast", ["decoding_topk_ids64"], [topk_ids], to=TensorProto.INT32, name="decoding_cast"),
-        helper.make_node("Gather", [topk_logprobs, "decoding_best"], [best_logprobs], axis=-1, name="decoding_best_lp"),
-        helper.make_node("Gather", [topk_ids, "decoding_best"], [best_ids], axis=-1, name="decoding_best_id"),
+        helper.make_node("Cast", ["decoding_topk_ids64"], [topk_ids], to=TensorProto.INT32, name="decoding_cast_topk"),
     ])
     graph.output.extend([
         helper.make_tensor_value_info(best_ids, TensorProto.INT32, [batch, frames]),
