@@ -36,8 +36,8 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
-from .batching import (DEFAULT_CPU_BATCH_SIZES, DEFAULT_GPU_BATCH_SIZES, Clip, ClipOutput, Run, output_names, pack,
-                       plan_batches, unpack, validate_batch_sizes)
+from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack, plan_batches, unpack,
+                       validate_batch_sizes)
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, read_model_directory
@@ -98,7 +98,7 @@ class EngineStats:
     rss_before_load: int | None = None  # bytes, process resident set size
     rss_after_load: int | None = None
     shared_weight_bytes: int = 0  # weights held once for all sessions (0: each session has its own)
-    session_rss: dict[str, int] = field(default_factory=dict)  # "batch x seconds" -> RSS growth of create + warm
+    session_rss: dict[str, int] = field(default_factory=dict)  # "4x30s" -> host RSS grown by its creation + warm-up
 
 
 def choose_precision(requested: str, device: str, available: dict) -> str:
@@ -111,16 +111,6 @@ def choose_precision(requested: str, device: str, available: dict) -> str:
 
 def default_containers(device: str) -> tuple[float, ...]:
     return DEFAULT_CPU_CONTAINERS if device == "cpu" else DEFAULT_GPU_CONTAINERS
-
-
-def choose_batch_sizes(requested: tuple[int, ...] | None, device: str, precision: str) -> tuple[int, ...]:
-    """The grid's batch sizes: the device default unless given; int8 always runs one clip per call."""
-    sizes = requested or (DEFAULT_CPU_BATCH_SIZES if device == "cpu" else DEFAULT_GPU_BATCH_SIZES)
-    if precision == "int8" and sizes != (1,):
-        log.warning("int8 runs one clip per call (its dynamic quantisation ranges span the whole batch, so "
-                    "batch-mates would change each other's output); ignoring batch sizes %s", sizes)
-        return (1,)
-    return sizes
 
 
 def release_free_memory() -> None:
@@ -198,7 +188,7 @@ class Engine:
     def _build(self, device: str) -> None:
         """Create the sessions of the whole grid on `device` (replacing any existing ones)."""
         self._sessions, self._shared = {}, {}
-        self.stats.shared_weight_bytes = 0
+        self.stats.shared_weight_bytes, self.stats.session_rss = 0, {}
         precision = choose_precision(self.options.precision, device, self.model.manifest.files)
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
@@ -213,8 +203,11 @@ class Engine:
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
 
         def create(batch: int, size: int) -> SessionRunner:
-            return create_session(path, batch, size, config, self.options.threads, self._shared,
-                                  self.options.device_id or 0)
+            before = process_rss()
+            runner = create_session(path, batch, size, config, self.options.threads, self._shared,
+                                    self.options.device_id or 0)
+            self._note_rss(batch, size, before)
+            return runner
 
         try:
             sessions = {key: create(*key) for key in grid}
@@ -243,10 +236,15 @@ class Engine:
             feed = pack([clip] * batch, [prompt] * batch, batch, size)
             self._infer(session, feed, session.output_names, warming=True)
             session.warmed = True
-            after = process_rss()
-            if rss is not None and after is not None:
-                self.stats.session_rss[f"{batch}x{samples_to_seconds(size):g}s"] = after - rss
+            self._note_rss(batch, size, rss)
             log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - t)
+
+    def _note_rss(self, batch: int, size: int, before: int | None) -> None:
+        """Add the resident memory grown since `before` to the session's figure (host memory only: a GPU
+        session's device memory does not show here)."""
+        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s"
+        if before is not None and after is not None:
+            self.stats.session_rss[key] = self.stats.session_rss.get(key, 0) + after - before
 
     def rebuild(self, device: str | None = None) -> None:
         """Drop every session of the grid and create and warm them again (on `device`, default the current one)."""
@@ -305,7 +303,8 @@ class Engine:
                 raise InferenceError(str(exc), samples=len(audio)) from None
             audios.append(audio)
         results: list[ClipOutput | None] = [None] * len(audios)
-        for run in plan_batches(containers, self.batch_sizes):
+        overhead = CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"]
+        for run in plan_batches(containers, self.batch_sizes, overhead):
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)
             for row, index in enumerate(run.rows):

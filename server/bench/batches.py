@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from pipeline.batching import Clip, parse_batch_sizes
-from pipeline.engine import Engine, EngineOptions, WARMUP_FILL, choose_batch_sizes
+from pipeline.batching import Clip, choose_batch_sizes, parse_batch_sizes
+from pipeline.engine import WARMUP_FILL, Engine, EngineOptions
 
 from .common import mib, speech_audio
 

@@ -35,9 +35,13 @@ def batched(tiny_model_dir: Path) -> Engine:
 
 def test_plan_groups_by_container_and_pads_to_the_grid():
     s2, s4 = seconds_to_samples(2.0), seconds_to_samples(4.0)
-    runs = plan_batches([s2, s4, s2, s2, s2, s2, s4], (1, 4))
+    runs = plan_batches([s2, s4, s2, s2, s2, s2, s4], (1, 4), call_overhead=3.0)
     assert runs == [Run(4, s2, (0, 2, 3, 4)), Run(1, s2, (5,)), Run(4, s4, (1, 6))]
-    assert plan_batches([s2] * 3, (1, 4, 16)) == [Run(4, s2, (0, 1, 2))]
+    assert plan_batches([s2] * 3, (1, 4, 16), 3.0) == [Run(4, s2, (0, 1, 2))]
+    assert [r.batch for r in plan_batches([s2] * 5, (1, 4, 16), 3.0)] == [4, 1]  # not 16 with 11 spare rows
+    assert [r.batch for r in plan_batches([s2] * 14, (1, 4, 16), 3.0)] == [16]
+    assert [r.batch for r in plan_batches([s2] * 40, (1, 4, 16), 3.0)] == [16, 16, 4, 4]
+    assert [r.batch for r in plan_batches([s2] * 2, (1, 4), 0.5)] == [1, 1]  # CPU: spare rows cost real work
     assert parse_batch_sizes("16,1,4") == (1, 4, 16)
     for bad in ("4,16", "1,x", "1,65"):
         with pytest.raises(ValueError):
