@@ -2,7 +2,7 @@
 
     parse_hotwords(value)             ["word", {"text": "phrase", "boost": 2.0}, ...] -> tuple[Hotword, ...]
     parse_word_weights(text)          FunASR's '{"word": 20, ...}' (or "word weight" lines) -> tuple[Hotword, ...]
-    read_hotwords_file(path)          one hotword a line, "phrase" or "phrase<TAB>boost"
+    read_hotwords_file(path, tokens)  one hotword a line, "phrase" or "phrase<TAB>boost" (a server-wide list)
     ContextGraph(hotwords, Speller(tokens))   spelled with the model's tokens; ProtocolError bad_start when
                                       one cannot be spelled
 
@@ -141,9 +141,11 @@ def _weight_lines(text: str) -> dict[str, Any]:
     return weights
 
 
-def read_hotwords_file(path: str | Path) -> tuple[Hotword, ...]:
+def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword, ...]:
     """A server-wide list: one phrase a line, optionally a tab and its boost; blank lines and # comments
-    are skipped. ValueError (with the line number) on a bad line or an unreadable file."""
+    are skipped. ValueError (with the line number) on a bad line, an unreadable file or a phrase the
+    model (`tokens`) cannot spell."""
+    speller = Speller(tokens)
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -155,6 +157,7 @@ def read_hotwords_file(path: str | Path) -> tuple[Hotword, ...]:
         text, _, boost = line.partition("\t")
         try:
             words.append(make_hotword(text, float(boost) if boost.strip() else DEFAULT_BOOST))
+            speller.spellings(words[-1])
         except (ProtocolError, ValueError) as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
     return merge_hotwords(words)
