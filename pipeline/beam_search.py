@@ -11,7 +11,7 @@ alignment (Viterbi: vb, vnb), whose frames give the token times, exactly as gree
 Speed (pure Python on the worker thread): frames where the blank's probability is at least BLANK_SKIP
 are not searched; all hypotheses just take the blank there, a run of such frames in one step (sherpa-onnx
 skips blank frames the same way); a CTC model's frames are mostly such. Elsewhere only tokens within
-TOKEN_MARGIN of the frame's best are tried, and `beam` prefixes survive each frame.
+MARGIN of the frame's best are tried, and at most `beam` prefixes within MARGIN of the best survive a frame.
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from .hotwords import ContextGraph, ContextState
 DEFAULT_BEAM = 4
 TOP_K = 8  # tokens per frame (the graph's topk outputs have as many)
 BLANK_SKIP = math.log(0.999)  # a frame whose blank log-prob is above this is taken as blank by every prefix
-TOKEN_MARGIN = 10.0  # a token more than this below the frame's best (in log-prob) is not tried
+# Pruning, in log-probability: a token this far below its frame's best is not tried, and a prefix this far
+# behind the best is dropped, each plus the most bonus any hotword keeps (which could make up the gap).
+MARGIN = 4.0
 _NEG = -math.inf
 
 
@@ -105,6 +107,7 @@ def beam_search(
     lp_list = lp_rows.tolist()
 
     root = graph.root if graph is not None else None
+    margin = MARGIN + (graph.max_bonus if graph is not None else 0.0)
     links: dict[tuple[int, int], int] = {}  # (prefix, token) -> prefix number
     start = _Hyp(0, -1, root, 0.0)
     start.pb = start.vb = 0.0
@@ -123,13 +126,17 @@ def beam_search(
                 h.vb, h.vnb, h.tnb = h.vb + total, _NEG, None
             t = end
             continue
-        floor = best_lp[t] - TOKEN_MARGIN
-        candidates = [(c, lp) for c, lp in zip(id_rows[t], lp_list[t]) if lp >= floor]
+        floor = best_lp[t] - margin
+        candidates = sorted(((lp, c) for c, lp in zip(id_rows[t], lp_list[t]) if lp >= floor), reverse=True)
+        # A prefix whose score after this frame cannot come within `margin` of the best's is not extended.
+        threshold = max(h.score() for h in hyps) + best_lp[t] - margin
         following: dict[int, _Hyp] = {}
         for h in hyps:
             p_any = _logaddexp(h.pb, h.pnb)
             v_any, t_any = (h.vb, h.tb) if h.vb >= h.vnb else (h.vnb, h.tnb)
-            for c, lp in candidates:
+            for lp, c in candidates:
+                if p_any + h.bonus + lp < threshold:
+                    break
                 if c == blank_id:
                     n = _same(following, h)
                     n.pb = _logaddexp(n.pb, p_any + lp)
@@ -151,7 +158,8 @@ def beam_search(
                 n.pnb = _logaddexp(n.pnb, p_from + lp)
                 if v_from + lp > n.vnb:
                     n.vnb, n.tnb = v_from + lp, (t_from, c, t, t + 1)
-        hyps = sorted(following.values(), key=_Hyp.score, reverse=True)[:beam]
+        ranked = sorted(((h.score(), h) for h in following.values()), key=_first, reverse=True)[:beam]
+        hyps = [h for s, h in ranked if s >= ranked[0][0] - margin]
         t += 1
 
     if graph is not None:
@@ -166,6 +174,10 @@ def beam_search(
     runs.reverse()
     run_ids, starts, ends = (np.array(column, np.int64) for column in zip(*runs)) if runs else (np.zeros(0, np.int64),) * 3
     return transcript_from_runs(run_ids, starts, ends, tokens, prompt_frames, frame_seconds, offset)
+
+
+def _first(pair: tuple[float, _Hyp]) -> float:
+    return pair[0]
 
 
 def _same(following: dict[int, _Hyp], h: _Hyp) -> _Hyp:

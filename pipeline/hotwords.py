@@ -263,6 +263,13 @@ class ContextGraph:
                 if child.output is not None:
                     child.output_score += child.output.output_score
                 queue.append(child)
+        states = list(self._states(self.root))
+        self.max_bonus = max((s.output_score for s in states), default=0.0)  # the most a prefix keeps
+
+    def _states(self, node: ContextState):
+        for child in node.next.values():
+            yield child
+            yield from self._states(child)
 
     def step(self, state: ContextState, token: int) -> tuple[float, ContextState]:
         """Advance a prefix's state by one emitted token: (score change, new state)."""
