@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pipeline.audio import load_audio
 from pipeline.beam_search import BLANK_SKIP, beam_search, top_k
 from pipeline.decoding import decode_ctc
 from pipeline.errors import ProtocolError
@@ -173,3 +176,48 @@ def test_padding_frames_past_the_length_are_ignored():
     lp = frames(CLEAR + ["\u2581send"] * 5)
     ids, values = top_k(lp, len(CLEAR))
     assert decode_ctc(lp, len(CLEAR), TOKENS) == beam_search(ids, values, len(CLEAR), TOKENS, None)
+
+
+# ---- the demo model on real speech -------------------------------------------------------------------------
+
+DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "demo"
+
+
+@pytest.fixture(scope="module")
+def demo_engine():
+    if not (DEMO / "manifest.json").is_file():
+        pytest.skip("the demo model is not in this checkout")
+    from pipeline.engine import Engine, EngineOptions
+
+    return Engine(DEMO, EngineOptions(device="cpu", containers=(2, 4))).load()
+
+
+def hot(engine, *words: str):
+    return engine.hotword_graph(parse_hotwords(list(words)))
+
+
+def test_hotwords_decide_acoustically_ambiguous_speech(demo_engine):
+    audio = load_audio(FIXTURES / "save_send_blend.wav")  # "save"/"send" blended (make_hotword_fixture.py)
+    greedy = demo_engine.transcribe(audio, offset=2.0)
+    assert greedy.text == "send message"
+    saved = demo_engine.transcribe(audio, offset=2.0, hotwords=hot(demo_engine, "save"))
+    assert saved.text == "save message"
+    assert [(t.start, t.end) for t in saved.tokens] == [(t.start, t.end) for t in greedy.tokens]
+    assert (saved.language, saved.emotion, saved.event) == (greedy.language, greedy.emotion, greedy.event)
+    assert demo_engine.transcribe(audio, hotwords=hot(demo_engine, "send", "four")).text == "send message"
+
+
+def test_hotwords_leave_clear_speech_alone(demo_engine):
+    entries = json.loads((FIXTURES / "transcripts.json").read_text())
+    graph = hot(demo_engine, "four", "save", "send", "oh", "turn on the music")
+    for entry in entries[:4]:
+        audio = load_audio(FIXTURES / entry["audio"])
+        greedy = demo_engine.transcribe(audio)
+        assert demo_engine.transcribe(audio, hotwords=graph) == greedy, entry["audio"]
+
+
+def test_demo_hotword_spelling_is_checked(demo_engine):
+    with pytest.raises(ProtocolError) as err:
+        hot(demo_engine, "save", "zebra")
+    assert err.value.code == "bad_start" and "zebra" in str(err.value)
