@@ -200,12 +200,12 @@ def hot(engine, *words: str):
 def test_hotwords_decide_acoustically_ambiguous_speech(demo_engine):
     audio = load_audio(FIXTURES / "save_send_blend.wav")  # "save"/"send" blended (make_hotword_fixture.py)
     greedy = demo_engine.transcribe(audio, offset=2.0)
-    assert greedy.text == "send message"
-    saved = demo_engine.transcribe(audio, offset=2.0, hotwords=hot(demo_engine, "save"))
-    assert saved.text == "save message"
-    assert [(t.start, t.end) for t in saved.tokens] == [(t.start, t.end) for t in greedy.tokens]
-    assert (saved.language, saved.emotion, saved.event) == (greedy.language, greedy.emotion, greedy.event)
-    assert demo_engine.transcribe(audio, hotwords=hot(demo_engine, "send", "four")).text == "send message"
+    assert greedy.text in ("save message", "send message")
+    for word in ("save", "send"):
+        biased = demo_engine.transcribe(audio, offset=2.0, hotwords=hot(demo_engine, word, "four"))
+        assert biased.text == f"{word} message"
+        assert [(t.start, t.end) for t in biased.tokens] == [(t.start, t.end) for t in greedy.tokens]
+        assert (biased.language, biased.emotion, biased.event) == (greedy.language, greedy.emotion, greedy.event)
 
 
 def test_hotwords_leave_clear_speech_alone(demo_engine):
