@@ -30,6 +30,7 @@ BLANK_SKIP = math.log(0.999)  # a frame whose blank log-prob is above this is ta
 # Pruning, in log-probability: a token this far below its frame's best is not tried, and a prefix this far
 # behind the best is dropped, each plus the most bonus any hotword keeps (which could make up the gap).
 MARGIN = 4.0
+TOP_K_WINDOW = 20.0  # host top-k keeps only tokens this close to their frame's best (a cheap compare, no sort)
 _NEG = -math.inf
 
 
@@ -38,7 +39,8 @@ def top_k(logprobs: np.ndarray, length: int, k: int = TOP_K, blank_id: int = 0) 
     (ids int32 [length, k], logprobs float32 [length, k]).
 
     Frames the search skips (blank above BLANK_SKIP) get the blank alone (-inf for the rest), which gives
-    the search the same result for far less sorting.
+    the search the same result for far less sorting; elsewhere tokens more than TOP_K_WINDOW below the
+    frame's best are left out too (-inf), so a peaky frame costs a comparison instead of a partition.
     """
     length = max(0, min(int(length), logprobs.shape[0]))
     k = min(k, logprobs.shape[1])
@@ -47,13 +49,28 @@ def top_k(logprobs: np.ndarray, length: int, k: int = TOP_K, blank_id: int = 0) 
     values = np.full((length, k), _NEG, np.float32)
     values[:, 0] = rows[:, blank_id]
     busy = np.flatnonzero(rows[:, blank_id] <= BLANK_SKIP)
-    if len(busy):
-        sub = rows[busy]
-        best = np.argpartition(-sub, k - 1, axis=1)[:, :k]
-        order = np.argsort(-np.take_along_axis(sub, best, axis=1), axis=1, kind="stable")
+    if not len(busy):
+        return ids, values
+    sub = rows[busy]
+    near = sub >= sub.max(axis=1, keepdims=True) - TOP_K_WINDOW
+    crowded = np.count_nonzero(near, axis=1) > k
+    few = np.flatnonzero(~crowded)
+    if len(few):  # at most k candidates: sort the (row, token) pairs by row, then by log-prob
+        row, token = np.divmod(np.flatnonzero(near[few]), sub.shape[1])  # (np.nonzero is 20x slower in 2-D)
+        logprob = sub[few[row], token]
+        order = np.lexsort((-logprob, row))
+        row, token, logprob = row[order], token[order], logprob[order]
+        column = np.arange(len(row)) - np.searchsorted(row, row)  # rank within the row
+        ids[busy[few[row]], column] = token
+        values[busy[few[row]], column] = logprob
+    many = np.flatnonzero(crowded)
+    if len(many):  # a flat frame: partition
+        part = sub[many]
+        best = np.argpartition(-part, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(part, best, axis=1), axis=1, kind="stable")
         best = np.take_along_axis(best, order, axis=1)
-        ids[busy] = best
-        values[busy] = np.take_along_axis(sub, best, axis=1)
+        ids[busy[many]] = best
+        values[busy[many]] = np.take_along_axis(part, best, axis=1)
     return ids, values
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.audio import load_audio
-from pipeline.beam_search import BLANK_SKIP, beam_search, top_k
+from pipeline.beam_search import BLANK_SKIP, TOP_K_WINDOW, beam_search, top_k
 from pipeline.decoding import decode_ctc
 from pipeline.errors import ProtocolError
 from pipeline.hotwords import (DEFAULT_BOOST, MAX_HOTWORDS, ContextGraph, Hotword, Speller, parse_hotwords,
@@ -221,3 +221,17 @@ def test_demo_hotword_spelling_is_checked(demo_engine):
     with pytest.raises(ProtocolError) as err:
         hot(demo_engine, "save", "zebra")
     assert err.value.code == "bad_start" and "zebra" in str(err.value)
+
+
+def test_top_k_matches_a_full_sort_within_its_window():
+    rng = np.random.default_rng(0)
+    lp = rng.normal(-40, 3, (60, 500)).astype(np.float32)
+    lp[:, 0] = -1e-4  # blank frames ...
+    lp[::3, 0] = -2.0  # ... and busy ones: peaky (a few tokens near the best) or flat (many)
+    lp[::3, 7], lp[::6, 20:40] = -0.3, -1.0 - 0.01 * np.arange(20)
+    ids, values = top_k(lp, len(lp), k=8)
+    for t in range(0, len(lp), 3):
+        best = np.argsort(-lp[t], kind="stable")[:8]
+        near = lp[t, best] >= lp[t].max() - TOP_K_WINDOW
+        assert np.array_equal(values[t, :near.sum()], lp[t, best[near]]), t
+        assert set(ids[t, :near.sum()]) == set(best[near]) and np.all(np.isneginf(values[t, near.sum():])), t
