@@ -151,27 +151,42 @@ def beam_search(
         for h in hyps:
             p_any = _logaddexp(h.pb, h.pnb)
             v_any, t_any = (h.vb, h.tb) if h.vb >= h.vnb else (h.vnb, h.tnb)
+            reach = threshold - p_any - h.bonus
+            same = None
             for lp, c in candidates:
-                if p_any + h.bonus + lp < threshold:
+                if lp < reach:
                     break
-                if c == blank_id:
-                    n = _same(following, h)
-                    n.pb = _logaddexp(n.pb, p_any + lp)
-                    if v_any + lp > n.vb:
-                        n.vb, n.tb = v_any + lp, t_any
-                    continue
-                if c == h.last:  # the token's run goes on (same prefix) ...
-                    n = _same(following, h)
-                    n.pnb = _logaddexp(n.pnb, h.pnb + lp)
-                    if h.vnb + lp > n.vnb:
+                if c == blank_id or c == h.last:
+                    if same is None:
+                        same = following.get(h.prefix)
+                        if same is None:
+                            same = following[h.prefix] = _Hyp(h.prefix, h.last, h.state, h.bonus)
+                    if c == blank_id:
+                        same.pb = _logaddexp(same.pb, p_any + lp)
+                        if v_any + lp > same.vb:
+                            same.vb, same.tb = v_any + lp, t_any
+                        continue
+                    # the token's run goes on (same prefix) ...
+                    same.pnb = _logaddexp(same.pnb, h.pnb + lp)
+                    if h.vnb + lp > same.vnb:
                         cell = h.tnb
-                        n.vnb, n.tnb = h.vnb + lp, (cell[0], c, cell[2], t + 1)
+                        same.vnb, same.tnb = h.vnb + lp, (cell[0], c, cell[2], t + 1)
                     if h.pb == _NEG:
                         continue
                     p_from, v_from, t_from = h.pb, h.vb, h.tb  # ... or, after a blank, it is emitted again
                 else:
                     p_from, v_from, t_from = p_any, v_any, t_any
-                n = _extended(following, h, c, links, graph)
+                key = (h.prefix, c)
+                prefix = links.get(key)
+                if prefix is None:
+                    prefix = links[key] = len(links) + 1
+                n = following.get(prefix)
+                if n is None:
+                    if graph is None:
+                        n = following[prefix] = _Hyp(prefix, c, None, 0.0)
+                    else:
+                        gain, state = graph.step(h.state, c)
+                        n = following[prefix] = _Hyp(prefix, c, state, h.bonus + gain)
                 n.pnb = _logaddexp(n.pnb, p_from + lp)
                 if v_from + lp > n.vnb:
                     n.vnb, n.tnb = v_from + lp, (t_from, c, t, t + 1)
@@ -195,26 +210,3 @@ def beam_search(
 
 def _first(pair: tuple[float, _Hyp]) -> float:
     return pair[0]
-
-
-def _same(following: dict[int, _Hyp], h: _Hyp) -> _Hyp:
-    n = following.get(h.prefix)
-    if n is None:
-        n = following[h.prefix] = _Hyp(h.prefix, h.last, h.state, h.bonus)
-    return n
-
-
-def _extended(following: dict[int, _Hyp], h: _Hyp, token: int, links: dict[tuple[int, int], int],
-              graph: ContextGraph | None) -> _Hyp:
-    key = (h.prefix, token)
-    prefix = links.get(key)
-    if prefix is None:
-        prefix = links[key] = len(links) + 1
-    n = following.get(prefix)
-    if n is None:
-        if graph is not None:
-            gain, state = graph.step(h.state, token)
-            n = following[prefix] = _Hyp(prefix, token, state, h.bonus + gain)
-        else:
-            n = following[prefix] = _Hyp(prefix, token, None, 0.0)
-    return n
