@@ -30,7 +30,7 @@ BLANK_SKIP = math.log(0.999)  # a frame whose blank log-prob is above this is ta
 # Pruning, in log-probability: a token this far below its frame's best is not tried, and a prefix this far
 # behind the best is dropped, each plus the most bonus any hotword keeps (which could make up the gap).
 MARGIN = 4.0
-TOP_K_WINDOW = 20.0  # host top-k keeps only tokens this close to their frame's best (a cheap compare, no sort)
+TOP_K_WINDOW = 12.0  # host top-k keeps only tokens this close to their frame's best (a cheap compare, no sort)
 _NEG = -math.inf
 
 
