@@ -75,8 +75,9 @@ def top_k(logprobs: np.ndarray, length: int, k: int = TOP_K, blank_id: int = 0) 
 
 
 class _Hyp:
-    """One prefix. `times` is the best alignment's emitted tokens as a linked list of (previous, token,
-    start frame, end frame) cells, so extending a prefix or a token's run costs one tuple."""
+    """One prefix (`prefix` numbers it, `last` is its last token). `tb` and `tnb` are the emitted tokens of
+    its best alignment ending in a blank and in `last`, as linked lists of (previous, token, start frame,
+    end frame) cells, so extending a prefix or a token's run costs one tuple."""
 
     __slots__ = ("prefix", "last", "pb", "pnb", "vb", "vnb", "tb", "tnb", "state", "bonus")
 

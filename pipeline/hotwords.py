@@ -12,7 +12,8 @@ gives the bonus back (the failure link keeps only the bonus of the longest suffi
 completed hotword keeps its bonus for good. Scores are natural-log units added to a path's log-probability.
 
 Spelling: greedy longest match of the text on the model's pieces (tokens.txt); a word starts with "▁" as in
-sentencepiece. A phrase that begins with a CJK character is also spelled without the leading "▁", since
+sentencepiece. The text is spelled as written and in lower case (each way the model has pieces for goes
+into the graph), and a phrase that begins with a CJK character also without the leading "▁", since
 Chinese and Japanese words inside a sentence carry none.
 """
 from __future__ import annotations
@@ -33,11 +34,12 @@ MAX_BOOST = 10.0  # beyond this a hotword overrides clear acoustic evidence
 MAX_HOTWORDS = 256  # per stream (the server-wide list counts separately)
 MAX_HOTWORD_CHARS = 64
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weights are ~10-40 for Paraformer: weight 20 -> boost 2.0
+FUNASR_DEFAULT_WEIGHT = 20.0  # a plain-text hotword line without a weight
 
 
 @dataclass(frozen=True)
 class Hotword:
-    text: str  # normalised: NFKC, lower case, single spaces
+    text: str  # normalised: NFKC, single spaces
     boost: float = DEFAULT_BOOST  # log-probability bonus per token of the hotword
 
 
@@ -46,7 +48,7 @@ def _bad(message: str, **fields: Any) -> ProtocolError:
 
 
 def normalise_text(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", text).lower().split())
+    return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
 def make_hotword(text: Any, boost: Any = DEFAULT_BOOST) -> Hotword:
@@ -127,17 +129,18 @@ def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
     return merge_hotwords(words)
 
 
-def _weight_lines(text: str) -> dict[str, Any]:
-    """'阿里巴巴 20\\nhello world 40' (FunASR's hotword files); a line without a number gets weight 20."""
-    weights: dict[str, Any] = {}
+def _weight_lines(text: str) -> dict[str, float]:
+    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files); a line without a weight gets FUNASR_DEFAULT_WEIGHT."""
+    weights: dict[str, float] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
         try:
-            weights[" ".join(parts[:-1]) or parts[0]] = float(parts[-1]) if len(parts) > 1 else 20.0
-        except ValueError:
-            weights[" ".join(parts)] = 2 * FUNASR_WEIGHT_PER_BOOST
+            weight = float(parts[-1]) if len(parts) > 1 else FUNASR_DEFAULT_WEIGHT
+            weights[" ".join(parts[:-1]) if len(parts) > 1 else parts[0]] = weight
+        except ValueError:  # the last word is part of the phrase
+            weights[" ".join(parts)] = FUNASR_DEFAULT_WEIGHT
     return weights
 
 
@@ -189,8 +192,10 @@ class Speller:
 
     def spellings(self, word: Hotword) -> list[list[int]]:
         """Every way the model may write the hotword (see the module doc); ProtocolError when there is none."""
-        marked = WORD_START + word.text.replace(" ", WORD_START)
-        variants = [marked, marked[1:]] if is_cjk(word.text[0]) else [marked]
+        variants = []
+        for text in dict.fromkeys([word.text, word.text.lower()]):  # as written, and as a lower-case model has it
+            marked = WORD_START + text.replace(" ", WORD_START)
+            variants += [marked, marked[1:]] if is_cjk(text[0]) else [marked]
         found = [ids for ids in map(self.spell, variants) if ids]
         if not found:
             raise _bad(f"hotword {word.text!r} cannot be spelled with this model's tokens", hotword=word.text)

@@ -85,8 +85,9 @@ def test_spelling_uses_the_longest_pieces_and_cjk_without_a_word_start():
 # ---- validation ------------------------------------------------------------------------------------------
 
 def test_parse_hotwords_accepts_strings_and_objects():
-    words = parse_hotwords(["Save", {"text": "  Turn   ON ", "boost": 3}, "save"])
-    assert words == (Hotword("turn on", 3.0), Hotword("save", DEFAULT_BOOST))
+    words = parse_hotwords(["save", {"text": "  Turn   ON ", "boost": 3}, "save"])
+    assert words == (Hotword("Turn ON", 3.0), Hotword("save", DEFAULT_BOOST))
+    assert SPELLER.spellings(words[0]) == [[ID["\u2581turn"], ID["\u2581on"]]]  # a lower-case model
 
 
 @pytest.mark.parametrize("value", [
