@@ -120,18 +120,18 @@ def pull_command(name: str) -> str:
 def resolve_model(value: str | Path) -> Path:
     """A --model value to a model directory: an existing directory as given, else a catalogue name in
     the cache. Raises ModelLoadError with one line saying how to get the model."""
-    path = Path(value)
-    if path.is_dir() or str(value) not in MODELS and (path.is_absolute() or len(path.parts) > 1):
+    path, name = Path(value), str(value)
+    if path.is_dir() or name not in MODELS and (path.is_absolute() or len(path.parts) > 1):
         return path  # a path: read_model_directory reports what is wrong with it
-    if str(value) in MODELS:
-        cached = model_path(str(value))
+    if name in MODELS:
+        cached = model_path(name)
         if not (cached / MANIFEST_FILE).is_file():
-            raise ModelLoadError(f"model {value!r} is not pulled yet (looked in {cached}): run `{pull_command(str(value))}`",
+            raise ModelLoadError(f"model {name} is not pulled yet (looked in {cached}): run `{pull_command(name)}`",
                                  path=str(cached))
         return cached
     raise ModelLoadError(
-        f"--model {value}: no such directory, and not a known model name ({', '.join(sorted(MODELS))}); "
-        f"get one with `{pull_command('NAME')}`", path=str(path))
+        f"--model {name}: no such directory, and not a known model name ({', '.join(sorted(MODELS))}); "
+        f"get one with `{pull_command('NAME')}`", path=name)
 
 
 def installed_models() -> list[Path]:
