@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.catalog import HUBS, MODELS, download_path, lookup, model_path
+from pipeline.catalog import HUBS, MODELS, download_path, lookup, model_path, pull_command
 from pipeline.modeldir import MANIFEST_FILE
 
 from .hub import HubError, fetch_files, hf_endpoint
@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="model directory to create (default: the cache, where "
                         "`python -m server --model NAME` finds it; $UNIPAD_HOME moves the cache)")
     parser.add_argument("--force", action="store_true", help="export again over an existing model directory")
+    parser.add_argument("--download-only", action="store_true", help="download and check the released files, "
+                        "then stop (no PyTorch needed; a later pull exports them without downloading again)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} already exists and is not a model directory (remove it, or choose another --out)")
-    require_export_tools()
+    if not args.download_only:
+        require_export_tools()
     staging = download_path(entry.name) / f"{source.hub}-{source.revision}"
     where = f"{hf_endpoint()}/{source.repo}" if source.hub == "hf" else f"ModelScope {source.repo}"
     print(f"downloading {entry.name} from {where} (revision {source.revision}) into {staging}", flush=True)
@@ -58,10 +61,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: interrupted; what was downloaded is kept in {staging}: run the same command again to resume",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    if args.download_only:
+        print(f"downloaded and checked {entry.name} in {staging}; `{pull_command(entry.name)}` exports it")
+        return 0
     print(f"exporting {entry.name} ({', '.join(precisions)})", flush=True)
     export_and_verify(entry, staging, out, precisions, provenance)
     shutil.rmtree(staging, ignore_errors=True)
     _remove_if_empty(staging.parent)
+    _remove_if_empty(staging.parent.parent)
     print(f"{entry.name} verified and ready in {out}\nserve it: {serve}")
     return 0
 

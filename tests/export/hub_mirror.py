@@ -10,7 +10,8 @@ file download uses (huggingface_hub/file_download.py: get_hf_file_metadata, http
 
 Faults, per file name (`mirror.faults[name] = ...`): "500" (every request for it), "short" (the body stops
 early with a matching Content-Length: the client sees fewer bytes than X-Linked-Size), "corrupt" (same
-size, other bytes, the honest sha256 in the headers), "stall" (half the body, then wait for `release`).
+size, other bytes, the honest sha256 in the headers), "stall" (half the body, then wait for `release`);
+`announced_sizes[name]` makes X-Linked-Size claim another size.
 `requests` records (method, path, Range header) of every request.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class HubMirror:
     def __init__(self, repos: dict[str, dict[str, MirrorFile]], revisions: tuple[str, ...] = ("main",)) -> None:
         self.repos, self.revisions = repos, set(revisions) | {COMMIT}
         self.faults: dict[str, str] = {}
+        self.announced_sizes: dict[str, int] = {}  # X-Linked-Size to claim instead of the real size
         self.requests: list[tuple[str, str, str | None]] = []
         self.stalled = threading.Event()  # set when a "stall" response has sent its first half
         self.release = threading.Event()
@@ -111,7 +113,7 @@ def _handler(hub: HubMirror) -> type[BaseHTTPRequestHandler]:
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", f'"{file.git_blob_id}"')
                 self.send_header("X-Linked-Etag", f'"{file.sha256}"')
-                self.send_header("X-Linked-Size", str(len(file.data)))
+                self.send_header("X-Linked-Size", str(hub.announced_sizes.get(name, len(file.data))))
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return None
