@@ -15,12 +15,14 @@ downloads; the same size and sha256 checks follow.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlsplit
 
 from pipeline.catalog import HubFile, HubSource
@@ -106,7 +108,7 @@ def _fetch_hf(source: HubSource, file: HubFile, staging: Path) -> str | None:
     headers = build_hf_headers()
     if urlsplit(meta.location).netloc != urlsplit(url).netloc:
         headers.pop("authorization", None)  # a CDN's signed URL: the token stays with the hub
-    with _hub_errors(where, file.name, source.revision), _disk_errors(staging, part, size):
+    with _hub_errors(where, file.name, source.revision), _disk_errors(staging, part):
         _http_get(meta.location, part, done, headers, size, file.name)
     check_file(part, file, size, file.sha256 or hub_sha256, where)
     os.replace(part, target)
@@ -141,7 +143,7 @@ def _fetch_modelscope(source: HubSource, file: HubFile, staging: Path) -> str | 
     if file.size is not None:
         _check_free_space(staging, file.size)
     try:
-        with _disk_errors(staging, download / file.name, file.size):
+        with _disk_errors(staging, download / file.name):
             path = Path(model_file_download(source.repo, file.name, revision=source.revision, local_dir=str(download)))
     except (HubError, KeyboardInterrupt):
         raise
@@ -152,35 +154,29 @@ def _fetch_modelscope(source: HubSource, file: HubFile, staging: Path) -> str | 
     return None
 
 
-class _hub_errors:
+@contextlib.contextmanager
+def _hub_errors(where: str, name: str, revision: str) -> Iterator[None]:
     """Turns huggingface_hub's and the network's exceptions into one-line HubErrors."""
+    from huggingface_hub.errors import (HfHubHTTPError, RemoteEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
-    def __init__(self, where: str, name: str, revision: str) -> None:
-        self.where, self.name, self.revision = where, name, revision
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        if exc is None or isinstance(exc, (HubError, KeyboardInterrupt)):
-            return False
-        from huggingface_hub.errors import (HfHubHTTPError, RemoteEntryNotFoundError, RepositoryNotFoundError,
-                                            RevisionNotFoundError)
-
-        if isinstance(exc, RemoteEntryNotFoundError):
-            raise HubError(f"{self.where}: no file {self.name} at revision {self.revision} (404)") from None
-        if isinstance(exc, RevisionNotFoundError):
-            raise HubError(f"{self.where}: no revision {self.revision} (404)") from None
-        if isinstance(exc, RepositoryNotFoundError):
-            raise HubError(f"{self.where}: no such repository, or it needs a token (HF_TOKEN) that was not "
-                           f"given ({_status(exc)})") from None
-        if isinstance(exc, HfHubHTTPError):
-            raise HubError(f"{self.where} {self.name}: the hub answered {_status(exc)}; try again later (a second "
-                           "run resumes), or use another source (--source, HF_ENDPOINT for a mirror)") from None
-        if _is_network_error(exc):
-            raise HubError(f"cannot reach {self.where} ({type(exc).__name__}: {exc or 'no answer'}): offline? "
-                           "Set HF_ENDPOINT for a mirror or HTTPS_PROXY for a proxy, or try --source modelscope") from None
-        return False
+    try:
+        yield
+    except RemoteEntryNotFoundError:
+        raise HubError(f"{where}: no file {name} at revision {revision} (404)") from None
+    except RevisionNotFoundError:
+        raise HubError(f"{where}: no revision {revision} (404)") from None
+    except RepositoryNotFoundError as exc:
+        raise HubError(f"{where}: no such repository, or it needs a token (HF_TOKEN) that was not given "
+                       f"({_status(exc)})") from None
+    except HfHubHTTPError as exc:
+        raise HubError(f"{where} {name}: the hub answered {_status(exc)}; try again later (a second run "
+                       "resumes), or use another source (--source, HF_ENDPOINT for a mirror)") from None
+    except Exception as exc:
+        if not _is_network_error(exc):
+            raise
+        raise HubError(f"cannot reach {where} ({type(exc).__name__}: {exc or 'no answer'}): offline? Set "
+                       "HF_ENDPOINT for a mirror or HTTPS_PROXY for a proxy, or try --source modelscope") from None
 
 
 def _status(exc) -> str:
@@ -196,21 +192,17 @@ def _is_network_error(exc: BaseException) -> bool:
     return bool(libraries & {"httpx2", "httpx", "requests", "urllib3"}) or isinstance(exc, ConnectionError)
 
 
-class _disk_errors:
-    """ENOSPC while writing becomes one line naming the directory and the free space; the partial file
-    stays (resumable) once space is freed."""
-
-    def __init__(self, directory: Path, path: Path, size: int | None) -> None:
-        self.directory, self.path, self.size = directory, path, size
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, tb) -> bool:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise HubError(f"disk full while writing {self.path} ({_free(self.directory)} free): free some space or "
-                           f"set UNIPAD_HOME to a larger disk, then run the same command again to resume") from None
-        return False
+@contextlib.contextmanager
+def _disk_errors(directory: Path, path: Path) -> Iterator[None]:
+    """ENOSPC while writing becomes one line naming the directory and its free space; the partial file
+    stays, to be resumed once there is room."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise HubError(f"disk full while writing {path} ({_free(directory)} free): free some space or set "
+                       "UNIPAD_HOME to a larger disk, then run the same command again to resume") from None
 
 
 def _check_free_space(directory: Path, needed: int) -> None:

@@ -9,11 +9,13 @@ Only the export step needs PyTorch; without it the command stops before download
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from pipeline.catalog import HUBS, MODELS, download_path, lookup, model_path, pull_command
 from pipeline.modeldir import MANIFEST_FILE
@@ -25,6 +27,7 @@ INSTALL_EXPORT = ("pip install -e '.[export]' (without an NVIDIA GPU, first: "
                   "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
 DEFAULT_PRECISIONS = "fp32,int8"
 EXIT_INTERRUPTED = 130
+LOCK_FILE = ".lock"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,23 +57,37 @@ def run(args: argparse.Namespace) -> int:
         require_export_tools()
     staging = download_path(entry.name) / f"{source.hub}-{source.revision}"
     where = f"{hf_endpoint()}/{source.repo}" if source.hub == "hf" else f"ModelScope {source.repo}"
-    print(f"downloading {entry.name} from {where} (revision {source.revision}) into {staging}", flush=True)
-    try:
-        provenance = fetch_files(source, entry.files, staging)
-    except KeyboardInterrupt:
-        print(f"error: interrupted; what was downloaded is kept in {staging}: run the same command again to resume",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if args.download_only:
-        print(f"downloaded and checked {entry.name} in {staging}; `{pull_command(entry.name)}` exports it")
-        return 0
-    print(f"exporting {entry.name} ({', '.join(precisions)})", flush=True)
-    export_and_verify(entry, staging, out, precisions, provenance)
-    shutil.rmtree(staging, ignore_errors=True)
-    _remove_if_empty(staging.parent)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    with _only_pull(entry.name, staging.parent / LOCK_FILE):
+        print(f"downloading {entry.name} from {where} (revision {source.revision}) into {staging}", flush=True)
+        try:
+            provenance = fetch_files(source, entry.files, staging)
+        except KeyboardInterrupt:
+            print(f"error: interrupted; what was downloaded is kept in {staging}: run the same command again to "
+                  "resume", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if args.download_only:
+            print(f"downloaded and checked {entry.name} in {staging}; `{pull_command(entry.name)}` exports it")
+            return 0
+        print(f"exporting {entry.name} ({', '.join(precisions)})", flush=True)
+        export_and_verify(entry, staging, out, precisions, provenance)
+        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(staging.parent, ignore_errors=True)  # only the lock file is left
     _remove_if_empty(staging.parent.parent)
     print(f"{entry.name} verified and ready in {out}\nserve it: {serve}")
     return 0
+
+
+@contextlib.contextmanager
+def _only_pull(name: str, lock: Path) -> Iterator[None]:
+    """One pull of a model at a time: two would append to the same partial files."""
+    from filelock import FileLock, Timeout  # a dependency of huggingface_hub
+
+    try:
+        with FileLock(lock, timeout=0):
+            yield
+    except Timeout:
+        raise HubError(f"another pull of {name} is running (lock {lock})") from None
 
 
 def require_export_tools() -> None:
@@ -89,7 +106,9 @@ def export_and_verify(entry, staging: Path, out: Path, precisions: tuple[str, ..
 
     exporter = importlib.import_module(entry.exporter)
     unverified = out.parent / f".{out.name}.unverified"
-    shutil.rmtree(unverified, ignore_errors=True)
+    # left by a killed run (this pull holds the lock): our directory, and write_model_dir's temporary sibling of it
+    for stale in [unverified, *out.parent.glob(f".{unverified.name}.*")]:
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         try:
             exporter.export_checkpoint(staging, unverified, precisions, entry.name, provenance)

@@ -23,6 +23,7 @@ from hub_mirror import HubMirror, MirrorFile
 
 from clients.client import connect
 from export.__main__ import main
+from export.pull import LOCK_FILE
 from export.verify import DEFAULT_LENGTHS, verify
 from pipeline import catalog
 from pipeline.audio import SAMPLE_RATE
@@ -89,7 +90,7 @@ def assert_failed_cleanly(code: int, err: str, home: Path, *words: str) -> None:
 
 def staged(home: Path) -> list[str]:
     root = home / "downloads"
-    return sorted(p.name for p in root.rglob("*") if p.is_file()) if root.exists() else []
+    return sorted(p.name for p in root.rglob("*") if p.is_file() and p.name != LOCK_FILE) if root.exists() else []
 
 
 def assert_staged_intact(home: Path, files: dict[str, MirrorFile] | None = None) -> None:
@@ -284,3 +285,14 @@ def test_ctrl_c_during_download_then_resume(hub: HubMirror, home: Path, monkeypa
     assert code == 0, err[-3000:]
     assert_staged_intact(home, hub.repos[REPO])
     assert any(method == "GET" and rng == f"bytes={kept}-" for method, _, rng in hub.requests)
+
+
+def test_second_pull_at_once_is_refused(hub: HubMirror, home: Path, capsys) -> None:
+    from filelock import FileLock
+
+    lock = home / "downloads" / NAME / LOCK_FILE
+    lock.parent.mkdir(parents=True)
+    with FileLock(lock):
+        code, _, err = pull(capsys)
+    assert_failed_cleanly(code, err, home, "another pull of", "is running")
+    assert hub.requests == []
