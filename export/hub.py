@@ -10,8 +10,8 @@ a dropped connection, a full disk) continues where it stopped on the next run, a
 file (a new etag) never continues an old one. A finished file is checked (size; sha256 against the
 catalogue, else against the hub's LFS sha256 when it sends one) and only then renamed to STAGING/NAME.
 
-ModelScope goes through its own client (`pip install -e '.[modelscope]'`), which keeps its own partial
-downloads; the same size and sha256 checks follow.
+ModelScope goes through its own client (`pip install -e '.[modelscope]'`; MODELSCOPE_ENDPOINT for a
+mirror), which keeps and resumes its own partial downloads; the same size and sha256 checks follow.
 """
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ def _fetch_modelscope(source: HubSource, file: HubFile, staging: Path) -> str | 
     except (HubError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001  (modelscope's errors share no base class)
-        raise HubError(f"ModelScope {source.repo} {file.name}: {type(exc).__name__}: {exc}") from None
+        first_line = (str(exc).strip().splitlines() or [""])[0]  # its messages go on with the request and response
+        raise HubError(f"ModelScope {source.repo} {file.name}: {type(exc).__name__}: {first_line}") from None
     check_file(path, file, file.size, file.sha256, f"ModelScope {source.repo}")
     os.replace(path, target)
     return None

@@ -8,6 +8,12 @@ file download uses (huggingface_hub/file_download.py: get_hf_file_metadata, http
     GET /cdn/{sha256}  the LFS body; honours `Range: bytes=N-` with 206 and Content-Range
     unknown repo, revision or file: 404 with X-Error-Code as the hub sends it
 
+and the part of ModelScope's that its client's file download uses (modelscope_hub 1.x), on the same port
+for MODELSCOPE_ENDPOINT:
+
+    GET /api/v1/models/{repo}/repo?Revision={revision}&FilePath={file}   the body, Range honoured
+    anything else (e.g. its /api/v1/repos/internalAccelerationInfo probe): 404
+
 Faults, per file name (`mirror.faults[name] = ...`): "500" (every request for it), "short" (the body stops
 early with a matching Content-Length: the client sees fewer bytes than X-Linked-Size), "corrupt" (same
 size, other bytes, the honest sha256 in the headers), "stall" (half the body, then wait for `release`);
@@ -18,10 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from urllib.parse import parse_qs
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+MODELSCOPE_PREFIX = "/api/v1/models/"
 
 
 @dataclass(frozen=True)
@@ -90,7 +98,15 @@ def _handler(hub: HubMirror) -> type[BaseHTTPRequestHandler]:
 
         def answer(self, body: bool) -> None:
             hub.requests.append((self.command, self.path, self.headers.get("Range")))
-            path = self.path.split("?")[0]
+            path, _, query = self.path.partition("?")
+            if path.startswith(MODELSCOPE_PREFIX) and path.endswith("/repo"):  # ModelScope's layout
+                repo = path[len(MODELSCOPE_PREFIX):-len("/repo")]
+                params = parse_qs(query)
+                name, revision = params.get("FilePath", [""])[0], params.get("Revision", [""])[0]
+                file = hub.find(repo, revision, name)
+                if file is None:
+                    return self.plain(404, None)
+                return self.send_file(name, file, body=body)
             if path.startswith("/cdn/"):
                 found = hub.by_sha256(path[len("/cdn/"):])
                 if found is None:

@@ -296,3 +296,20 @@ def test_second_pull_at_once_is_refused(hub: HubMirror, home: Path, capsys) -> N
         code, _, err = pull(capsys)
     assert_failed_cleanly(code, err, home, "another pull of", "is running")
     assert hub.requests == []
+
+
+def test_modelscope_source(hub: HubMirror, home: Path, monkeypatch, capsys) -> None:
+    """--source modelscope through ModelScope's own client, against the same loopback server."""
+    pytest.importorskip("modelscope")
+    ms_repo = SENSEVOICE_SMALL.source("modelscope")
+    hub.repos[ms_repo.repo] = dict(hub.repos[REPO])
+    del hub.repos[ms_repo.repo]["config.yaml"]
+    hub.revisions.add(ms_repo.revision)
+    monkeypatch.setenv("MODELSCOPE_ENDPOINT", hub.endpoint)
+    code, _, err = pull(capsys, "--source", "modelscope", "--download-only")
+    assert_failed_cleanly(code, err, home, "ModelScope", "config.yaml", "404")
+    hub.repos[ms_repo.repo]["config.yaml"] = hub.repos[REPO]["config.yaml"]
+    code, out, err = pull(capsys, "--source", "modelscope", "--download-only")
+    assert code == 0, err[-3000:]
+    assert_staged_intact(home)
+    assert not any("/resolve/" in path for _, path, _ in hub.requests)  # not a byte from the HF layout
