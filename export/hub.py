@@ -29,6 +29,7 @@ from pipeline.catalog import HubFile, HubSource
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PART_SUFFIX = ".part"
+COMMIT_FILE = ".commit"
 HASH_CHUNK = 1 << 20
 
 
@@ -54,9 +55,11 @@ def fetch_files(source: HubSource, files: tuple[HubFile, ...], staging: Path) ->
     the manifest: hub, repo, revision asked for, commit served, and each file's sha256."""
     staging.mkdir(parents=True, exist_ok=True)
     fetch = _fetch_hf if source.hub == "hf" else _fetch_modelscope
-    commit = None
+    served = staging / COMMIT_FILE  # the commit the hub said it served, kept for files of earlier runs
     for file in files:
-        commit = fetch(source, file, staging) or commit
+        if commit := fetch(source, file, staging):
+            served.write_text(commit, encoding="utf-8")
+    commit = served.read_text(encoding="utf-8") if served.is_file() else None
     return {"kind": "hub", "hub": source.hub, "repo": source.repo, "revision": source.revision, "commit": commit,
             "sha256": {f.name: sha256_of(staging / f.name) for f in files}}
 
@@ -125,8 +128,10 @@ def _http_get(url: str, part: Path, done: int, headers: dict, size: int | None, 
             if "Consistency check failed" not in str(exc):
                 raise
             got = f.tell()
-            if size is not None and got > size:
+            if size is not None and got > size:  # more than announced: nothing in it can be trusted
                 f.truncate(0)
+                raise HubError(f"{name}: the server sent {got} bytes, {size} were announced; the partial file was "
+                               "emptied, run the same command again to download it afresh") from None
             raise HubError(f"{name}: the download stopped at {got} of {size} bytes (connection cut short, or a "
                            "server sending less than it announced); run the same command again to resume") from None
 

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hub_mirror import HubMirror, MirrorFile
+from hub_mirror import COMMIT, HubMirror, MirrorFile
 
 from clients.client import connect
 from export.__main__ import main
+from export.hub import COMMIT_FILE
 from export.pull import LOCK_FILE
 from export.verify import DEFAULT_LENGTHS, verify
 from pipeline import catalog
@@ -90,7 +91,8 @@ def assert_failed_cleanly(code: int, err: str, home: Path, *words: str) -> None:
 
 def staged(home: Path) -> list[str]:
     root = home / "downloads"
-    return sorted(p.name for p in root.rglob("*") if p.is_file() and p.name != LOCK_FILE) if root.exists() else []
+    hidden = (LOCK_FILE, COMMIT_FILE)
+    return sorted(p.name for p in root.rglob("*") if p.is_file() and p.name not in hidden) if root.exists() else []
 
 
 def assert_staged_intact(home: Path, files: dict[str, MirrorFile] | None = None) -> None:
@@ -113,6 +115,7 @@ async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speec
     manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["name"] == NAME and set(manifest["files"]) == {"fp32", "int8"}
     assert manifest["source"]["kind"] == "hub" and manifest["source"]["repo"] == REPO
+    assert manifest["source"]["commit"] == COMMIT  # the X-Repo-Commit the hub answered with
     assert manifest["source"]["sha256"] == {name: f.sha256 for name, f in released_files().items()}
     assert verify(model_dir, None, None, DEFAULT_LENGTHS)["passed"]
     # the LFS files came from the "CDN" origin, the plain ones straight from the hub
