@@ -105,7 +105,7 @@ def assert_staged_intact(home: Path, files: dict[str, MirrorFile] | None = None)
 
 # ---- success: pull, verify, serve by name, list ---------------------------------------------------------
 
-async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speech) -> None:
+async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speech, serve_test_server) -> None:
     code, out, err = pull(capsys)
     assert code == 0, err[-3000:]
     assert out.strip().splitlines()[-1] == f"serve it: python -m server --model {NAME}"
@@ -130,8 +130,6 @@ async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speec
     # the server resolves the name to the cache and serves a recording with it
     config = config_from_args(build_parser().parse_args(["--model", NAME]))
     assert config.model == model_dir
-    from serving import serve_test_server
-
     async with serve_test_server(config.model) as url:
         async with connect(url, sample_rate=SAMPLE_RATE) as stream:
             assert stream.ready.model == NAME
