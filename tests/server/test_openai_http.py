@@ -5,47 +5,18 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openai
 import pytest
 import soundfile
+import soxr
 import websockets
 
-from clients.client import connect
+from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, sdk, words
 from pipeline.audio import SAMPLE_RATE
 from server.openai_http import MAX_UPLOAD_BYTES
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "tests" / "fixtures" / "demo"
-HELD_OUT = DEMO / "multi.wav"  # three utterances the demo model never trained on
-TOKEN = "openai-test-token"
-
-
-def knows_words(model_dir: Path) -> bool:
-    """The trained demo model is served: compare words; otherwise (tiny random graph) shapes only."""
-    return Path(model_dir).resolve() == (ROOT / "models" / "demo").resolve()
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
-
-
-def sdk(url: Any, key: str = TOKEN) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url.http}/v1", api_key=key, max_retries=0)
-
-
-async def own_protocol_text(url: Any, audio: np.ndarray) -> str:
-    """What our own WebSocket protocol answers for the same audio (sent at once, then stop)."""
-    async with connect(str(url), token=TOKEN, sample_rate=SAMPLE_RATE) as stream:
-        pcm = np.clip(np.round(audio * 32767), -32768, 32767).astype(np.int16)
-        for i in range(0, len(pcm), SAMPLE_RATE // 10):
-            await stream.send(pcm[i:i + SAMPLE_RATE // 10])
-        await stream.stop()
-    return " ".join(f.text for f in stream.finals)
 
 
 async def test_sdk_transcribes_in_every_format(serve_test_server, test_model_dir):
@@ -70,7 +41,6 @@ async def test_sdk_transcribes_in_every_format(serve_test_server, test_model_dir
         # A 44.1 kHz stereo FLAC of the same speech: any file soundfile reads, at any rate and channel count.
         flac = io.BytesIO()
         stereo = np.stack([audio, audio], axis=1)
-        import soxr
         soundfile.write(flac, soxr.resample(stereo, SAMPLE_RATE, 44100), 44100, format="FLAC")
         from_flac = await create(model="gpt-4o-transcribe", file=("speech.flac", flac.getvalue()))
         stream = await create(model="gpt-4o-transcribe", file=HELD_OUT, stream=True)
