@@ -107,8 +107,8 @@ class HttpExchange:
         """A complete response."""
         if isinstance(body, str):
             body = body.encode()
-        if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
-            return  # already answered (or the client broke the protocol): nothing more to say
+        if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE) or self.transport.is_closing():
+            return  # already answered, or nobody to answer
         self.transport.write(self._head(status, content_type, len(body)) + self._h11.send(h11.Data(data=body))
                              + self._h11.send(h11.EndOfMessage()))
         await self._drain()

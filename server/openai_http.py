@@ -16,6 +16,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import h11
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
@@ -101,9 +102,19 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
             raise ApiError(405, f"{request.method} is not allowed on {path}; use POST")
         check_origin(app, request.headers)
         authorize(app, exchange.connection, Request(request.path, request.headers))
-        await FileTranscription(app, exchange).run(request)
+        work = asyncio.ensure_future(FileTranscription(app, exchange).run(request))
+        lost = exchange.connection.connection_lost_waiter
+        await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():  # the client went away: stop decoding its file (run() cancels its jobs)
+            work.cancel()
+            log.info("openai request from %s: the client went away", client_address(exchange.connection))
+            return
+        work.result()
     except ApiError as exc:
         await exchange.respond(exc.status, json.dumps(exc.body()) + "\n", "application/json")
+    except h11.RemoteProtocolError as exc:
+        error = ApiError(400, f"malformed HTTP request: {exc}")
+        await exchange.respond(400, json.dumps(error.body()) + "\n", "application/json")
     except (ConnectionError, asyncio.TimeoutError):
         log.info("openai request from %s: the client went away", client_address(exchange.connection))
     except Exception as exc:  # noqa: BLE001 - a bug must not take the server down

@@ -46,6 +46,7 @@ REALTIME_PATH = "/v1/realtime"
 SUBPROTOCOL = "realtime"  # what OpenAI's browser SDK offers, with its key in "openai-insecure-api-key.<key>"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 MIN_COMMIT_SECONDS = 0.1  # OpenAI refuses to commit less than 100 ms of audio
+MAX_UNCOMMITTED_SECONDS = 300.0  # turn_detection null: audio held until a commit (~15 MB at 24 kHz, OpenAI's cap)
 OUTBOX_LIMIT = 256  # events waiting for a client: a few per item plus error answers to a burst of mistakes
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 
@@ -154,6 +155,10 @@ class RealtimeConnection(StreamConnection):
             raise EventError("Invalid 'audio'. Expected base64-encoded audio bytes", param="audio",
                              code="invalid_base64") from None
         seconds = len(data) / 2 / self.config.rate
+        if self._resampler is not None and self._pending + seconds > MAX_UNCOMMITTED_SECONDS:
+            raise EventError(f"the input audio buffer holds {MAX_UNCOMMITTED_SECONDS:g} s at most without turn "
+                             "detection: commit it (this audio was dropped)", param="audio",
+                             code="input_audio_buffer_full")
         try:
             if self._resampler is not None:
                 self._manual.append(self._resampler.process(decode_pcm(data, self._format())))
