@@ -127,9 +127,9 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
                 "input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}))
             updated = (await expect(ws, "session.updated"))["session"]["audio"]["input"]
             assert updated["format"]["rate"] == 16000 and updated["turn_detection"] is None
-            data = pcm16(audio)
-            for i in range(0, len(data), 3200):
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(data[i:i + 3200])}))
+            data = pcm16(audio)  # in one append of over 64 KiB: larger than a control message may be
+            assert len(b64(data)) > 64 * 1024
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(data)}))
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             committed = await expect(ws, "input_audio_buffer.committed")
             events = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
