@@ -173,7 +173,14 @@ class RealtimeConnection(StreamConnection):
             raise EventError("Error committing input audio buffer: buffer too small. Expected at least "
                              f"{MIN_COMMIT_SECONDS * 1000:.0f}ms of audio, but buffer only has "
                              f"{self._pending * 1000:.2f}ms of audio.", code="input_audio_buffer_commit_empty")
+        before = self._last_item
         await self._flush(commit=True)
+        if self._last_item == before:  # no speech in it: still an item, with an empty transcript (as OpenAI)
+            item = new_id("item")
+            self._put(event("input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item))
+            self._put(event(f"{TRANSCRIPTION}.completed", item_id=item, content_index=0, transcript="",
+                            usage={"type": "duration", "seconds": round(self._pending, 3)}))
+            self._last_item = item
         self._restart()
 
     # ---- audio, segments and items -----------------------------------------------------------------------

@@ -119,6 +119,12 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
             await expect(ws, "input_audio_buffer.cleared")
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             assert (await expect(ws, "error"))["error"]["code"] == "input_audio_buffer_commit_empty"
+            # A commit of silence (server_vad heard no speech): an item with an empty transcript.
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(bytes(9600))}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            silent = await expect(ws, "input_audio_buffer.committed")
+            done = await expect(ws, f"{TRANSCRIPTION}.completed")
+            assert done["item_id"] == silent["item_id"] and done["transcript"] == ""
             # The beta update: 16 kHz is not a beta format, so the GA shape says so; no turn detection.
             await ws.send(json.dumps({"type": "transcription_session.update", "session": {
                 "input_audio_transcription": {"model": "whisper-1", "language": "en"}, "turn_detection": None}}))
