@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import http
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import h11
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
+
+log = logging.getLogger(__name__)
 
 MAX_HEAD = 16 << 10  # bytes of request line and headers
 OPEN_TIMEOUT = 10.0  # seconds for a request head (and a WebSocket's opening handshake): websockets' default
@@ -50,6 +53,7 @@ class HttpExchange:
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self._wake = asyncio.Event()
         self._paused = False
+        self._head_only = False  # a HEAD request: responses carry no body
 
     def receive(self, data: bytes) -> None:
         """Bytes from the transport (b"" at EOF); called by the connection."""
@@ -75,6 +79,7 @@ class HttpExchange:
         event = await self._next_event(OPEN_TIMEOUT)
         if not isinstance(event, h11.Request):
             raise h11.RemoteProtocolError("no request")
+        self._head_only = event.method == b"HEAD"
         return event
 
     async def read_body(self, limit: int) -> bytes:
@@ -109,8 +114,9 @@ class HttpExchange:
             body = body.encode()
         if self._h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE) or self.transport.is_closing():
             return  # already answered, or nobody to answer
-        self.transport.write(self._head(status, content_type, len(body)) + self._h11.send(h11.Data(data=body))
-                             + self._h11.send(h11.EndOfMessage()))
+        head = self._head(status, content_type, len(body))
+        data = b"" if self._head_only else self._h11.send(h11.Data(data=body))  # HEAD: the headers alone
+        self.transport.write(head + data + self._h11.send(h11.EndOfMessage()))
         await self._drain()
 
     async def start_stream(self, status: int, content_type: str) -> None:
@@ -204,6 +210,9 @@ class BodyAwareConnection(ServerConnection):
         try:
             if request is not None:
                 await self.handle_request(self.exchange, request)
+        except Exception:  # noqa: BLE001 - websockets would drop it silently (it aborts the transport)
+            log.exception("HTTP %s %s: the handler failed", request.method if request else "?",
+                          request.path if request else "?")
         finally:
             await self.exchange.close()
 

@@ -130,6 +130,10 @@ async def test_errors_are_openai_error_objects(serve_test_server):
         assert status == 413 and json.loads(answer)["error"]["code"] == "file_too_large"
         status, _ = await raw_exchange(url.port, "NOT HTTP AT ALL\r\n\r\n")
         assert status == 400
+        status, answer = await raw_exchange(url.port, "OPTIONS /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 405 and json.loads(answer)["error"]["message"]
+        status, answer = await raw_exchange(url.port, "HEAD /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 405 and answer == b""  # a HEAD answer has headers only
         # Full: one live stream holds the only session; an upload is refused with 503 (the SDK retries those).
         async with websockets.connect(f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription",
                                       additional_headers=auth) as ws:
