@@ -2,7 +2,6 @@
 not send) against a real server on 127.0.0.1."""
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from typing import Any
@@ -14,7 +13,7 @@ import soundfile
 import soxr
 import websockets
 
-from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, sdk, words
+from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
 from pipeline.audio import SAMPLE_RATE
 from server.openai_http import MAX_UPLOAD_BYTES
 
@@ -66,30 +65,6 @@ def multipart_body(fields: dict[str, str], file: bytes, boundary: str = "b0undar
     parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
                  f'Content-Type: audio/wav\r\n\r\n'.encode() + file + f"\r\n--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
-
-
-async def raw_exchange(port: int, head: str, body: bytes = b"") -> tuple[int, bytes]:
-    """Send a hand-written request; the status and the body of the answer (read to the close)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(head.encode() + body)
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 30)
-    writer.close()
-    status = int(answer.split(b" ", 2)[1])
-    return status, answer.split(b"\r\n\r\n", 1)[1]
-
-
-async def post(port: int, path: str, body: bytes, headers: dict[str, str], chunked: bool = False) -> tuple[int, Any]:
-    """POST `body` (Content-Length, or chunked in 4 KiB pieces); the status and the JSON or text answer."""
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
-    if chunked:
-        lines.append("Transfer-Encoding: chunked")
-        body = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 4096]), body[i:i + 4096])
-                        for i in range(0, len(body), 4096)) + b"0\r\n\r\n"
-    else:
-        lines.append(f"Content-Length: {len(body)}")
-    status, answer = await raw_exchange(port, "\r\n".join(lines) + "\r\n\r\n", body)
-    return status, json.loads(answer) if answer.startswith(b"{") else answer.decode()
 
 
 async def test_errors_are_openai_error_objects(serve_test_server):

@@ -14,7 +14,7 @@ import pytest
 import soundfile
 import soxr
 import websockets
-from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, sdk, words
+from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, post, sdk, words
 
 from pipeline.audio import SAMPLE_RATE
 
@@ -148,9 +148,16 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
 
 
 async def test_realtime_handshake_needs_the_token(serve_test_server):
-    """The token in Authorization, ?token= or the browser SDK's subprotocol; without it, HTTP 401."""
-    async with serve_test_server(token=TOKEN) as url:
+    """The token in Authorization, ?token= or the browser SDK's subprotocol; without it, HTTP 401. A browser
+    origin outside --allowed-origins is refused (403) here and on uploads, as on the other endpoints."""
+    async with serve_test_server(token=TOKEN, allowed_origins=("https://app.example",)) as url:
         uri = f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription"
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(f"{uri}&token={TOKEN}", origin="https://evil.example")
+        assert refused.value.response.status_code == 403
+        status, answer = await post(url.port, "/v1/audio/transcriptions", b"x",
+                                    {"Authorization": f"Bearer {TOKEN}", "Origin": "https://evil.example"})
+        assert status == 403 and answer["error"]["code"] == "origin_not_allowed"
         for kwargs in ({}, {"subprotocols": ["realtime", "openai-insecure-api-key.wrong"]},
                        {"additional_headers": {"Authorization": "Bearer wrong"}}):
             with pytest.raises(websockets.InvalidStatus) as refused:
