@@ -32,7 +32,7 @@ from pipeline.segmenter import SegmentFinished, SpeechStarted
 from pipeline.stable_prefix import StablePrefix
 from pipeline.stream import StreamSession
 
-from .http import check_handshake_token, response
+from .http import check_handshake_token, client_address, response
 from .protocol import CLOSE_GOING_AWAY
 from .realtime_events import (BETA_UPDATE, GA_UPDATE, EventError, SessionConfig, apply_update, error_event, event,
                               new_id, parse_event, segmenter_options, session_object)
@@ -65,7 +65,8 @@ def check_handshake(app: Server, connection: ServerConnection, request: Request)
         headers["Authorization"] = f"Bearer {key}"
     refused = check_handshake_token(app, connection, Request(request.path, headers), "a realtime session")
     if refused is None and app.config.token is not None and not getattr(connection, "authenticated", False):
-        app.auth_failures.record(connection.remote_address[0] if connection.remote_address else "unknown")
+        app.auth_failures.record(client_address(connection))
+        app.metrics.sessions_refused.labels("unauthorized").inc()
         return response(401, "unauthorized: send the token as the API key (Authorization: Bearer)\n")
     return refused
 
