@@ -110,6 +110,12 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     path = urlsplit(request.path).path
     if path == STREAM_PATH:
         return check_handshake_token(app, connection, request, "a stream")
+    if path.startswith("/v1/"):  # OpenAI's API (docs/openai.md)
+        from . import openai_http, openai_realtime
+
+        if path == openai_realtime.REALTIME_PATH:
+            return openai_realtime.check_handshake(app, connection, request)
+        return openai_http.get_response(app, connection, request, path)
     if path == "/healthz":
         return response(200, "ok\n")
     if path == "/readyz":

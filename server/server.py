@@ -54,6 +54,16 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
     )
 
 
+def openai_listener_options(app: Server) -> dict[str, Any]:
+    """The stream port also takes POSTs (server/http_body.py, which applies the opening-handshake timeout
+    itself) and offers the Realtime endpoint's subprotocol (server/openai_realtime.py)."""
+    from . import openai_http, openai_realtime
+    from .http_body import connection_class
+
+    return dict(create_connection=connection_class(functools.partial(openai_http.handle, app)), open_timeout=None,
+                select_subprotocol=openai_realtime.select_subprotocol)
+
+
 def engine_options(config: ServerConfig) -> EngineOptions:
     return EngineOptions(device=resolve_device(config.device), precision=config.precision,
                          containers=config.containers, threads=config.threads)
@@ -152,6 +162,7 @@ class Server:
             process_request=functools.partial(process_request, self),
             ssl=self._ssl_context(),
             **listener_options(self.config),
+            **openai_listener_options(self),
         )
         self._listeners.append(server)
         self.port = server.sockets[0].getsockname()[1]
@@ -193,7 +204,10 @@ class Server:
         await self._should_exit.wait()
 
     async def _handle(self, ws: ServerConnection) -> None:
-        await self.serve_stream(Connection(self, ws))
+        from .openai_realtime import REALTIME_PATH, RealtimeConnection
+
+        realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
+        await self.serve_stream(RealtimeConnection(self, ws) if realtime else Connection(self, ws))
 
     async def serve_stream(self, connection: StreamConnection) -> None:
         """Run one stream (of either endpoint) to its end; a graceful shutdown waits for it to drain."""
