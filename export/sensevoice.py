@@ -139,9 +139,10 @@ def run(args: argparse.Namespace) -> int:
         source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
                   "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
         name = args.name or f"sensevoice-random-{args.random_init}"
+    notice = "" if args.checkpoint is not None else "Random weights: for speed and padding checks; it recognises no speech."
     manifest = ModelManifest(
         name=name, architecture="sensevoice", dimensions=model.dims.to_dict(), files={}, source=source,
-        container_seconds=args.container, tag_tokens=tag_token_ids(tokens), opset=OPSET,
+        container_seconds=args.container, tag_tokens=tag_token_ids(tokens), opset=OPSET, notice=notice,
     )
     out = write_model_dir(model, tokens, args.out, manifest, precisions)
     print(f"wrote {out} ({', '.join(precisions)})")

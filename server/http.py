@@ -19,6 +19,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from .model_info import MODEL_CARD_PATH, MODEL_PATH, model_card, model_info
 from .protocol import STREAM_PATH
 
 if TYPE_CHECKING:
@@ -118,6 +119,11 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     if path == "/metrics":
         body, content_type = app.metrics.render()
         return response(200, body, content_type)
+    if path == MODEL_PATH:
+        return json_response(200, model_info(app.model))
+    if path == MODEL_CARD_PATH:
+        card = model_card(app.model)
+        return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH}\n")
     return static_file(path)

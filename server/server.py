@@ -29,6 +29,7 @@ from .config import ServerConfig, segmenter_options
 from .connection import Connection
 from .http import process_request
 from .metrics import Metrics
+from .model_info import notice_line
 from .protocol import STREAM_PATH
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .worker import Worker
@@ -69,7 +70,8 @@ class Server:
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
         self.segmenter_options = segmenter_options(config)
         self.engine = engine
-        self.model_name = read_model_directory(config.model).manifest.name
+        self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
+        self.model_name = self.model.manifest.name
         self.worker: Worker | None = None
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
@@ -158,6 +160,7 @@ class Server:
         scheme = "wss" if self.config.certfile else "ws"
         log.info("listening on %s://%s:%d%s (model %s, loading)", scheme, self.config.host, self.port,
                  STREAM_PATH, self.model_name)
+        log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())
         self.listening.set()
