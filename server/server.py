@@ -28,6 +28,7 @@ from .access import AuthFailures, install_redaction
 from .config import ServerConfig, segmenter_options
 from .connection import Connection
 from .http import process_request
+from .logs import quiet_requests
 from .metrics import Metrics
 from .model_info import notice_line
 from .protocol import STREAM_PATH
@@ -51,7 +52,8 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
         origins=[*config.allowed_origins, None] if config.allowed_origins else None,
         ping_interval=KEEPALIVE_INTERVAL,
         ping_timeout=KEEPALIVE_INTERVAL,
-        logger=install_redaction(logging.getLogger("websockets.server")),  # debug logs show ?token= handshakes
+        # Debug logs show ?token= handshakes; websockets' per-request INFO lines are DEBUG here (server/logs.py).
+        logger=quiet_requests(install_redaction(logging.getLogger("websockets.server"))),
     )
 
 
