@@ -100,7 +100,7 @@ def check_handshake_token(app: Server, connection: ServerConnection, request: Re
     if given is not None and not token_matches(app.config.token, given):
         app.auth_failures.record(address)
         app.metrics.sessions_refused.labels("unauthorized").inc()
-        log.warning("refused %s from %s: wrong token", what, address)  # never the token itself
+        log.warning("refused %s from %s: wrong token (HTTP 401)", what, address)  # never the token itself
         return response(401, "unauthorized: wrong token\n")
     connection.authenticated = given is not None  # type: ignore[attr-defined]
     return None

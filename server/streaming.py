@@ -266,9 +266,7 @@ class StreamConnection:
         if expected is None or getattr(self.ws, "authenticated", False):
             return
         if not token_matches(expected, given):
-            address = client_address(self.ws)
-            self.app.auth_failures.record(address)
-            self.log.warning("%s %s: %s token from %s", self.log_name, self.id, "wrong" if given else "no", address)
+            self.app.auth_failures.record(client_address(self.ws))  # the stream's end line logs it (WARNING)
             raise AuthenticationError(f"missing or wrong token (send it {where}, ?token= or Authorization)")
 
     async def _feed_audio(self, data: bytes) -> None:
