@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
 import sys
 from pathlib import Path
 
@@ -13,7 +12,8 @@ from pipeline.errors import UnipadError
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
-from .config import DEFAULT_MODEL_DIR, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .config import DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--funasr-port", type=int, default=None,
                    help="also speak the FunASR runtime protocol on this port (default: off)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
+    p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
+                   help="text, or json: one object per line (time, level, logger, message, fields)")
     return p
 
 
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     from .server import Server  # after the checks: --help and bad flags stay instant
 
     try:

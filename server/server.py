@@ -28,7 +28,9 @@ from .access import AuthFailures, install_redaction
 from .config import ServerConfig, segmenter_options
 from .connection import Connection
 from .http import process_request
+from .logs import quiet_requests
 from .metrics import Metrics
+from .model_info import notice_line
 from .protocol import STREAM_PATH
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .worker import Worker
@@ -50,7 +52,8 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
         origins=[*config.allowed_origins, None] if config.allowed_origins else None,
         ping_interval=KEEPALIVE_INTERVAL,
         ping_timeout=KEEPALIVE_INTERVAL,
-        logger=install_redaction(logging.getLogger("websockets.server")),  # debug logs show ?token= handshakes
+        # Debug logs show ?token= handshakes; websockets' per-request INFO lines are DEBUG here (server/logs.py).
+        logger=quiet_requests(install_redaction(logging.getLogger("websockets.server"))),
     )
 
 
@@ -79,7 +82,8 @@ class Server:
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
         self.segmenter_options = segmenter_options(config)
         self.engine = engine
-        self.model_name = read_model_directory(config.model).manifest.name
+        self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
+        self.model_name = self.model.manifest.name
         self.worker: Worker | None = None
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
@@ -169,6 +173,7 @@ class Server:
         scheme = "wss" if self.config.certfile else "ws"
         log.info("listening on %s://%s:%d%s (model %s, loading)", scheme, self.config.host, self.port,
                  STREAM_PATH, self.model_name)
+        log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())
         self.listening.set()
