@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
 import sys
 from pathlib import Path
 
@@ -14,7 +13,8 @@ from pipeline.hotwords import read_hotwords_file
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
-from .config import DEFAULT_MODEL_DIR, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .config import DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hotwords", type=Path, default=None,
                    help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
+    p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
+                   help="text, or json: one object per line (time, level, logger, message, fields)")
     return p
 
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     from .server import Server  # after the checks: --help and bad flags stay instant
 
     try:
