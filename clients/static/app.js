@@ -21,7 +21,8 @@ const CLOSE_REASONS = {
 const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("controls"), start: $("start"), stop: $("stop"), token: $("token"), language: $("language"),
-  itn: $("itn"), hotwords: $("hotwords"), state: $("state"), level: $("level"), levelBar: $("level-bar"), errors: $("errors"),
+  itn: $("itn"), hotwords: $("hotwords"), state: $("state"), level: $("level"), levelBar: $("level-bar"),
+  errors: $("errors"),
   finals: $("finals"), partial: $("partial"), empty: $("empty"), session: $("session"),
 };
 
