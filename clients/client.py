@@ -35,9 +35,10 @@ Audio from another thread (a bot's audio callback, a sound card): hand each chun
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Sequence, Union
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -48,6 +49,7 @@ from websockets.protocol import State
 
 from pipeline.audio import PCM_FORMATS, SAMPLE_RATE
 from pipeline.errors import ProtocolError
+from pipeline.hotwords import make_hotword, parse_hotwords
 from server.protocol import (
     CLOSE_NORMAL,
     DEFAULT_PORT,
@@ -304,6 +306,24 @@ class Stream:
             self._results.put_nowait(error)
 
 
+def add_hotword_option(parser: argparse.ArgumentParser) -> None:
+    """The clients' --hotword option: args.hotword is a list for connect(hotwords=...)."""
+    parser.add_argument("--hotword", action="append", default=[], type=hotword_argument, metavar="PHRASE[:BOOST]",
+                        help="favour this word or phrase (repeatable), optionally with a boost: 'turn on:2.5'")
+
+
+def hotword_argument(value: str) -> dict[str, Any]:
+    """"turn on:2.5" -> {"text": "turn on", "boost": 2.5}; "save" gets the default boost."""
+    text, _, boost = value.rpartition(":")
+    try:
+        word = make_hotword(text, float(boost)) if text else make_hotword(value)
+    except ValueError:  # a colon that does not precede a number belongs to the phrase
+        word = make_hotword(value)
+    except ProtocolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return {"text": word.text, "boost": word.boost}
+
+
 class connect:
     """Open a stream: `async with connect(url, ...) as stream:` or `stream = await connect(url, ...)`.
 
@@ -311,17 +331,20 @@ class connect:
     without a path means the stream endpoint there (`stream_endpoint`).
     sample_rate, format ('s16le' or 'f32le'), channels: how the audio passed to `send` is laid out;
     the server resamples any rate it accepts to 16 kHz. token: sent as `?token=` and in `start`.
+    hotwords: words or phrases to favour, as strings or {"text": ..., "boost": ...} (docs/protocol.md);
+    checked here (ProtocolError bad_start), spelled by the server against its model.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, token: str | None = None, sample_rate: int = SAMPLE_RATE,
                  format: str = "s16le", channels: int = 1, language: str = "auto", itn: bool = False,
                  partials: bool = True, on_partial: Callback | None = None, on_final: Callback | None = None,
-                 open_timeout: float = 10.0) -> None:
+                 open_timeout: float = 10.0, hotwords: Sequence[str | dict[str, Any]] | None = None) -> None:
         if format not in PCM_FORMATS:
             raise ValueError(f"format must be one of {', '.join(PCM_FORMATS)}, got {format!r}")
         self.url = stream_endpoint(url)
         self.start = Start(sample_rate=sample_rate, format=format, channels=channels, language=language,
-                           itn=itn, partials=partials, token=token or None)
+                           itn=itn, partials=partials, token=token or None,
+                           hotwords=parse_hotwords(list(hotwords)) or None if hotwords else None)
         self.on_partial, self.on_final = on_partial, on_final
         self.open_timeout = open_timeout
         self._stream: Stream | None = None

@@ -29,7 +29,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from clients.client import DEFAULT_URL, ClientError, connect
+from clients.client import DEFAULT_URL, ClientError, add_hotword_option, connect
 from clients.subtitles import VTT_HEADER, cues_for_final, format_timestamp, srt_cue, vtt_cue
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 from server.protocol import Final, Partial, encode
@@ -130,7 +130,7 @@ async def transcribe_file(audio: np.ndarray, rate: int, args: argparse.Namespace
     loop = asyncio.get_running_loop()
     chunk = max(1, int(rate * CHUNK_SECONDS))
     async with connect(args.url, token=args.token, sample_rate=rate, format="s16le", language=args.language,
-                       itn=args.itn, partials=writer.live, on_partial=writer.partial,
+                       itn=args.itn, hotwords=args.hotword, partials=writer.live, on_partial=writer.partial,
                        on_final=writer.final) as stream:
         began = loop.time()
         for offset in range(0, len(audio), chunk):
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="access token (default $UNIPAD_TOKEN)")
     parser.add_argument("--language", default="auto", help="auto, en, zh, yue, ja, ko (default auto)")
     parser.add_argument("--itn", action="store_true", help="inverse text normalisation (numbers, punctuation)")
+    add_hotword_option(parser)
     parser.add_argument("--fast", action="store_true", help="send as fast as possible, not at real-time pace")
     parser.add_argument("--format", choices=FORMATS, default="text", help="output format (default text)")
     parser.add_argument("--output", "-o", help="write here instead of stdout")

@@ -23,7 +23,7 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as `python clients/mic.py`: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clients.client import DEFAULT_URL, ClientError, connect
+from clients.client import DEFAULT_URL, ClientError, add_hotword_option, connect
 from clients.file import CHUNK_SECONDS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ResultWriter, output_closed, quit_quietly
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 
@@ -94,7 +94,8 @@ async def stream_capture(start_capture: StartCapture, rate: int, args: argparse.
         loop.call_soon_threadsafe(queue.put_nowait, pcm)
 
     async with connect(args.url, token=args.token, sample_rate=rate, format="s16le", language=args.language,
-                       itn=args.itn, partials=True, on_partial=writer.partial, on_final=writer.final) as stream:
+                       itn=args.itn, hotwords=args.hotword, partials=True, on_partial=writer.partial,
+                       on_final=writer.final) as stream:
         stop_capture = start_capture(on_audio)
         stopper = asyncio.create_task(stopping.wait())
         stopper.add_done_callback(lambda _: queue.put_nowait(None))
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
     parser.add_argument("--language", default="auto", help="auto, en, zh, yue, ja, ko (default auto)")
     parser.add_argument("--itn", action="store_true", help="inverse text normalisation (numbers, punctuation)")
+    add_hotword_option(parser)
     parser.add_argument("--format", choices=("text", "jsonl"), default="text", help="output format (default text)")
     return parser
 

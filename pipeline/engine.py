@@ -10,6 +10,7 @@
         warm-up     each session runs once with exactly its shape before the engine is ready
     engine.run(audio float32 [n]) -> (logprobs float32 [frames, vocab], valid frames)
     engine.transcribe(audio, language, itn, offset) -> pipeline.decoding.Transcript
+    engine.transcribe(..., hotwords=engine.hotword_graph(words))   beam search biased to the hotwords
 
 The engine is synchronous and thread-confined: the server calls it from its one worker thread.
 A call whose padded shape no session was warmed with is refused (UnwarmedShapeError) and counted: on
@@ -32,8 +33,10 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
+from .beam_search import DEFAULT_BEAM, beam_search, top_k
 from .decoding import Transcript, decode_ctc
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
+from .hotwords import ContextGraph, Hotword, Speller
 from .initializers import read_initializers
 from .modeldir import FREE_DIMENSIONS, INPUT_NAMES, OUTPUT_NAMES, read_model_directory
 from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, conflicting_runtimes,
@@ -133,6 +136,7 @@ class Engine:
         self.policy: ShapePolicy | None = None
         self._sessions: dict[int, SessionRunner] = {}
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}  # must outlive the sessions
+        self._speller: Speller | None = None  # hotword spelling, made on first use
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -335,10 +339,21 @@ class Engine:
         logprobs, lengths = self._infer(session, feed)
         return logprobs[0], int(lengths[0])
 
-    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0) -> Transcript:
-        """run() and greedy CTC decoding; token times are seconds from `offset` (the clip's first sample)."""
+    def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
+        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be."""
+        self._speller = self._speller or Speller(self.model.tokens)
+        return ContextGraph(hotwords, self._speller) if hotwords else None
+
+    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0,
+                   hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
+        """run() and CTC decoding: greedy, or with `hotwords` a prefix beam search biased towards them;
+        token times are seconds from `offset` (the clip's first sample)."""
         logprobs, length = self.run(audio, language, itn)
         m = self.model.manifest
+        if hotwords is not None:
+            ids, values = top_k(logprobs, length, blank_id=m.blank_id)
+            return beam_search(ids, values, length, self.model.tokens, hotwords, beam, blank_id=m.blank_id,
+                               prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds, offset=offset)
         return decode_ctc(logprobs, length, self.model.tokens, blank_id=m.blank_id, prompt_frames=m.prompt_frames,
                           frame_seconds=m.output_frame_seconds, offset=offset)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
+from pipeline.hotwords import read_hotwords_file
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
@@ -69,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
     p.add_argument("--funasr-port", type=int, default=None,
                    help="also speak the FunASR runtime protocol on this port (default: off)")
+    p.add_argument("--hotwords", type=Path, default=None,
+                   help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
     p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
                    help="text, or json: one object per line (time, level, logger, message, fields)")
@@ -100,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        model = read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        if config.hotwords:
+            read_hotwords_file(config.hotwords, model.tokens)
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -32,6 +32,7 @@ class Connection(StreamConnection):
         super().__init__(app, ws)
         self.start: Start | None = None
         self._segments = 0
+        self._hotwords: Any = None  # ContextGraph of the server's and the stream's hotwords
 
     async def _serve(self) -> None:
         first = await self._next_message()
@@ -45,6 +46,7 @@ class Connection(StreamConnection):
             raise ProtocolError("stop before start: send a start message first", code="bad_order")
         self._check_token(message.token, "in start")
         self.app.engine.language_id(message.language)  # ProtocolError bad_start for a language it lacks
+        self._hotwords = self.app.hotword_graph(message.hotwords or ())  # ProtocolError bad_start
         self.start = message
         options = self.app.segmenter_options
         if not message.partials:  # no partial windows to cut and copy for a client that ignores them
@@ -85,7 +87,8 @@ class Connection(StreamConnection):
 
     def _job_options(self) -> dict[str, Any]:
         assert self.start is not None
-        return {"deliver": self._on_result, "language": self.start.language, "itn": self.start.itn}
+        return {"deliver": self._on_result, "language": self.start.language, "itn": self.start.itn,
+                "hotwords": self._hotwords}
 
     def _count_final(self) -> None:
         self._segments += 1

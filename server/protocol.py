@@ -4,7 +4,8 @@ Pure: no asyncio, no sockets. Text frames carry JSON objects with a `type`; bina
 
 Client -> server
     {"type": "start", "sample_rate": 48000, "format": "s16le"|"f32le", "channels": 1,
-     "language": "auto", "itn": false, "partials": true, "token": "..."}      (first message)
+     "language": "auto", "itn": false, "partials": true, "token": "...",
+     "hotwords": ["save", {"text": "turn on", "boost": 2.0}]}                (first message)
     <binary PCM frames>
     {"type": "stop"}                                                          (no more audio)
 
@@ -25,6 +26,7 @@ from typing import Any, Union
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, PCM_FORMATS, SAMPLE_RATE, AudioFormat
 from pipeline.errors import ProtocolError
+from pipeline.hotwords import Hotword, parse_hotwords
 
 STREAM_PATH = "/v1/stream"
 DEFAULT_PORT = 8765
@@ -52,6 +54,7 @@ class Start:
     itn: bool = False
     partials: bool = True
     token: str | None = None
+    hotwords: tuple[Hotword, ...] | None = None  # pipeline/hotwords.py; sent as [{"text", "boost"}, ...]
     type: str = "start"
 
     @property
@@ -105,7 +108,9 @@ def _parse_start(data: dict[str, Any]) -> Start:
     for name in ("language", "token"):
         if name in data and data[name] is not None and not isinstance(data[name], str):
             raise ProtocolError(f"{name} must be a string", code="bad_start")
-    return Start(**{k: v for k, v in data.items() if k != "type"})
+    fields = {k: v for k, v in data.items() if k != "type"}
+    fields["hotwords"] = parse_hotwords(data.get("hotwords")) or None  # ProtocolError bad_start
+    return Start(**fields)
 
 
 # ---- server -> client ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import OverloadError
+from pipeline.hotwords import Hotword, merge_hotwords, read_hotwords_file
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
@@ -84,6 +85,8 @@ class Server:
         self.engine = engine
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
         self.model_name = self.model.manifest.name
+        # The server-wide hotwords (--hotwords FILE), added to every stream's own; ValueError when bad.
+        self.hotwords = read_hotwords_file(config.hotwords, self.model.tokens) if config.hotwords else ()
         self.worker: Worker | None = None
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
@@ -107,6 +110,11 @@ class Server:
     @property
     def provider(self) -> str:
         return self.engine.provider if self.ready else "loading"
+
+    def hotword_graph(self, words: tuple[Hotword, ...]) -> Any:
+        """A stream's ContextGraph: the server's hotwords and its own (None: none, greedy decoding)."""
+        merged = merge_hotwords(self.hotwords, words)
+        return self.engine.hotword_graph(merged) if merged else None
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         """/readyz: 503 while warming up, shutting down or full; else 200. Always JSON."""

@@ -55,6 +55,7 @@ class Job:
     deliver: Callable[["Job", Any, UnipadError | None], None]
     language: str = "auto"
     itn: bool = False
+    hotwords: Any = None  # the stream's ContextGraph (pipeline/hotwords.py); None: greedy decoding
     arrived: float = 0.0
     cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
     submitted: float = field(default_factory=time.monotonic)
@@ -177,8 +178,9 @@ class Worker:
         began = time.perf_counter()
         transcript, error = None, None
         try:
+            biasing = {"hotwords": job.hotwords} if job.hotwords is not None else {}
             transcript = self.engine.transcribe(job.audio, language=job.language, itn=job.itn,
-                                                offset=job.audio_start)
+                                                offset=job.audio_start, **biasing)
         except UnipadError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - one bad segment must not stop the worker

@@ -21,7 +21,8 @@ const CLOSE_REASONS = {
 const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("controls"), start: $("start"), stop: $("stop"), token: $("token"), language: $("language"),
-  itn: $("itn"), state: $("state"), level: $("level"), levelBar: $("level-bar"), errors: $("errors"),
+  itn: $("itn"), hotwords: $("hotwords"), state: $("state"), level: $("level"), levelBar: $("level-bar"),
+  errors: $("errors"),
   finals: $("finals"), partial: $("partial"), empty: $("empty"), session: $("session"),
 };
 
@@ -43,7 +44,7 @@ function setState(state, text) {
   const busy = state === "connecting" || state === "listening" || state === "stopping";
   ui.start.disabled = busy;
   ui.stop.disabled = !(state === "connecting" || state === "listening");
-  for (const el of [ui.token, ui.language, ui.itn]) el.disabled = busy;
+  for (const el of [ui.token, ui.language, ui.itn, ui.hotwords]) el.disabled = busy;
 }
 
 function showError(text) {
@@ -177,6 +178,14 @@ async function startAudio(session) {
   if (session.context.state === "suspended") await session.context.resume();
 }
 
+// "save, turn on:2.5" -> ["save", {text: "turn on", boost: 2.5}]; the server checks them (bad_start).
+function parseHotwords(value) {
+  return value.split(",").map((s) => s.trim()).filter(Boolean).map((item) => {
+    const match = /^(.+):\s*(\d+(?:\.\d+)?)$/.exec(item);
+    return match ? { text: match[1].trim(), boost: Number(match[2]) } : item;
+  });
+}
+
 async function start() {
   ui.errors.replaceChildren();
   setState("connecting", "Connecting…");
@@ -208,6 +217,8 @@ async function start() {
     const startMessage = { type: "start", sample_rate: TARGET_RATE, format: "s16le", channels: 1,
                            language: ui.language.value, itn: ui.itn.checked, partials: true };
     if (token) startMessage.token = token;
+    const hotwords = parseHotwords(ui.hotwords.value);
+    if (hotwords.length) startMessage.hotwords = hotwords;
     ws.send(JSON.stringify(startMessage));
   };
   ws.onmessage = (event) => {

@@ -52,7 +52,7 @@ async def test_stream_capture_until_stopped_prints_the_last_final(serve_test_ser
     finished = threading.Event()
     stopping = asyncio.Event()
     out = io.StringIO()
-    args = argparse.Namespace(url=None, token=None, language="auto", itn=False)
+    args = argparse.Namespace(url=None, token=None, language="auto", itn=False, hotword=[])
 
     async def press_ctrl_c_when_played() -> None:  # what mic.py's SIGINT handler does
         await asyncio.to_thread(finished.wait)
