@@ -111,6 +111,11 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     path = urlsplit(request.path).path
     if path == STREAM_PATH:
         return check_handshake_token(app, connection, request, "a stream")
+    if path == MODEL_PATH:  # before /v1/ below, which is OpenAI's
+        return json_response(200, model_info(app.model))
+    if path == MODEL_CARD_PATH:
+        card = model_card(app.model)
+        return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")
     if path.startswith("/v1/"):  # OpenAI's API (docs/openai.md)
         from . import openai_http, openai_realtime
 
@@ -125,11 +130,6 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     if path == "/metrics":
         body, content_type = app.metrics.render()
         return response(200, body, content_type)
-    if path == MODEL_PATH:
-        return json_response(200, model_info(app.model))
-    if path == MODEL_CARD_PATH:
-        card = model_card(app.model)
-        return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH}\n")
     return static_file(path)
