@@ -224,6 +224,13 @@ class Stream:
 
     async def _read(self) -> None:
         try:
+            await self._receive()
+        finally:
+            await self._end()
+
+    async def _receive(self) -> None:
+        """Dispatch the current connection's messages until it closes or the stream fails."""
+        try:
             async for text in self._ws:
                 try:
                     message = parse_server_message(text) if isinstance(text, str) else None
@@ -245,16 +252,18 @@ class Stream:
                     break
         except ConnectionClosed:
             pass
-        finally:
-            if self._error is not None and self._ws.state is not State.CLOSED:
-                await self._ws.close()
-            if self.done is None and self._error is None:
-                code, reason = self._ws.close_code, self._ws.close_reason or ""
-                if code == CLOSE_NORMAL and not reason:
-                    reason = "closed before 'done'"
-                self._fail(StreamClosedError(code, reason))
-            self._results.put_nowait(None)  # type: ignore[arg-type]  # ends the iteration
-            self._finished.set()
+
+    async def _end(self) -> None:
+        """The stream is over: record why when it ended without `done`; end the iteration."""
+        if self._error is not None and self._ws.state is not State.CLOSED:
+            await self._ws.close()
+        if self.done is None and self._error is None:
+            code, reason = self._ws.close_code, self._ws.close_reason or ""
+            if code == CLOSE_NORMAL and not reason:
+                reason = "closed before 'done'"
+            self._fail(StreamClosedError(code, reason))
+        self._results.put_nowait(None)  # type: ignore[arg-type]  # ends the iteration
+        self._finished.set()
 
     async def _dispatch(self, message: Any) -> None:
         if isinstance(message, Error):
@@ -295,22 +304,36 @@ class connect:
     url: ws:// or wss:// address of the stream endpoint (default `DEFAULT_URL`).
     sample_rate, format ('s16le' or 'f32le'), channels: how the audio passed to `send` is laid out;
     the server resamples any rate it accepts to 16 kHz. token: sent as `?token=` and in `start`.
+    resume: True or a `ResumeOptions` (clients/resume.py): survive a server's drain or failure by
+    reconnecting and resuming the stream, re-sending the audio no final covers yet.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, token: str | None = None, sample_rate: int = SAMPLE_RATE,
                  format: str = "s16le", channels: int = 1, language: str = "auto", itn: bool = False,
                  partials: bool = True, on_partial: Callback | None = None, on_final: Callback | None = None,
-                 open_timeout: float = 10.0) -> None:
+                 open_timeout: float = 10.0, resume: Any = None) -> None:
         if format not in PCM_FORMATS:
             raise ValueError(f"format must be one of {', '.join(PCM_FORMATS)}, got {format!r}")
         self.url = url
+        if resume is True:
+            from .resume import ResumeOptions  # here: clients/resume.py builds on this module
+            resume = ResumeOptions()
+        self.resume = resume or None
         self.start = Start(sample_rate=sample_rate, format=format, channels=channels, language=language,
-                           itn=itn, partials=partials, token=token or None)
+                           itn=itn, partials=partials, token=token or None, resumable=self.resume is not None)
         self.on_partial, self.on_final = on_partial, on_final
         self.open_timeout = open_timeout
         self._stream: Stream | None = None
 
     async def _open(self) -> Stream:
+        if self.resume is not None:
+            from .resume import open_resumable
+            return await open_resumable(self)
+        ws, ready = await self._handshake(self.start)
+        return Stream(ws, self.start, ready, self.on_partial, self.on_final)
+
+    async def _handshake(self, start: Start) -> tuple[ClientConnection, Ready]:
+        """Connect, send `start`, wait for `ready`."""
         url = stream_url(self.url, self.start.token)
         host = urlsplit(url).hostname or ""
         proxy = None if host in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
@@ -325,12 +348,12 @@ class connect:
         except (OSError, asyncio.TimeoutError, InvalidHandshake) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
         try:
-            await ws.send(encode(self.start))
+            await ws.send(encode(start))
             ready = await self._wait_ready(ws)
         except BaseException:
             await ws.close()
             raise
-        return Stream(ws, self.start, ready, self.on_partial, self.on_final)
+        return ws, ready
 
     async def _wait_ready(self, ws: ClientConnection) -> Ready:
         try:
