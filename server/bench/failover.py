@@ -159,9 +159,8 @@ async def failover(model: Path, streams: int, term_at: float, kill_at: float) ->
         say(f"faults: {streams} streams at real-time pace; SIGTERM at {term_at:g} s, SIGKILL at {kill_at:g} s")
         began = time.monotonic()
         faulted_task = asyncio.ensure_future(run_streams(lb.url, streams, paced=True))
-        spread = {}
         await asyncio.sleep(term_at)
-        spread = {cluster.name(i): int(row["scur"]) for i, row in enumerate((await lb.servers()).values())}
+        spread = {name: int(row["scur"]) for name, row in (await lb.servers()).items()}
         cluster.servers[1].process.send_signal(signal.SIGTERM)
         await asyncio.sleep(max(0.0, kill_at - (time.monotonic() - began)))
         cluster.servers[0].process.send_signal(signal.SIGKILL)
