@@ -93,7 +93,8 @@ async def stream_capture(start_capture: StartCapture, rate: int, args: argparse.
         loop.call_soon_threadsafe(queue.put_nowait, pcm)
 
     async with connect(args.url, token=args.token, sample_rate=rate, format="s16le", language=args.language,
-                       itn=args.itn, partials=True, on_partial=writer.partial, on_final=writer.final) as stream:
+                       itn=args.itn, partials=True, on_partial=writer.partial, on_final=writer.final,
+                       resume=True) as stream:  # a server's restart or failure does not end the session
         stop_capture = start_capture(on_audio)
         stopper = asyncio.create_task(stopping.wait())
         stopper.add_done_callback(lambda _: queue.put_nowait(None))
