@@ -9,8 +9,8 @@ Three servers behind HAProxy (deploy/haproxy.cfg, server/bench/cluster.py), demo
                  --kill-at another SIGKILL. Every stream must end with the reference's finals: the same
                  segment numbers and texts, each exactly once (times may move by a few 30 ms VAD frames:
                  webrtcvad adapts to the audio it has heard, and a resumed stream's VAD starts afresh).
-Figures: streams, faults, finals expected / received / lost / duplicated, resumptions, and the latency
-of resumed utterances (those whose end of speech was sent before the connection was lost) against the
+Figures: streams, faults, finals expected / received / lost / duplicated, resumptions, the time from a
+lost connection to `ready` on the next one, and the latency of resumed utterances (those whose end of speech was sent before the connection was lost) against the
 others: from the wall time the end of speech was first sent to the final's arrival.
 """
 from __future__ import annotations
@@ -176,6 +176,8 @@ async def failover(model: Path, streams: int, term_at: float, kill_at: float) ->
         "reference_errors": [r.error for r in reference if r.error],
         **compare(reference, faulted),
         "resumptions": sum(len(r.resumptions) for r in faulted),
+        # from the lost connection to `ready` on the next one (backoff, HAProxy's redispatch, the handshake)
+        "reconnect_seconds": percentiles([x.resumed - x.began for r in faulted for x in r.resumptions], (50, 95)),
         "resumed_utterances": len(resumed),
         "latency_resumed": percentiles(resumed, (50, 95)), "latency_other": percentiles(normal, (50, 95)),
         "drained_server_exit": drained_exit, "wall_seconds": round(wall, 1),
