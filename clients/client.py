@@ -76,7 +76,11 @@ class ClientError(Exception):
 
 
 class ConnectError(ClientError):
-    """The server could not be reached, or refused the WebSocket handshake."""
+    """The server could not be reached, or refused the WebSocket handshake (`status`: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ServerError(ClientError):
@@ -342,7 +346,8 @@ class connect:
         except InvalidStatus as exc:
             status = exc.response.status_code
             body = exc.response.body.decode("utf-8", "replace").strip()[:200] if exc.response.body else ""
-            raise ConnectError(f"{self.url} refused the connection: HTTP {status}" + (f" {body}" if body else "")) from None
+            raise ConnectError(f"{self.url} refused the connection: HTTP {status}" + (f" {body}" if body else ""),
+                               status) from None
         except InvalidURI as exc:
             raise ConnectError(f"not a WebSocket URL: {exc.uri}") from None
         except (OSError, asyncio.TimeoutError, InvalidHandshake) as exc:

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 RETRYABLE_ERRORS = ("overloaded", "internal_error")
 # Close codes that say the client itself was wrong: resuming would only repeat the mistake.
 FATAL_CLOSES = (1003, 1007, 1008, 1009)
+# Handshake refusals that another attempt would only repeat: wrong token, origin or path, not a WebSocket.
+FATAL_STATUSES = (400, 401, 403, 404, 405, 426)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class ResumableStream(Stream):
         self._connected.set()
         self._retry: str | None = None  # a retryable server error seen on the current connection
         self._closing = False
+        self._resender: asyncio.Task[None] | None = None
         super().__init__(ws, start, ready, opener.on_partial, opener.on_final)
 
     async def send(self, audio: Any) -> None:
@@ -137,6 +140,8 @@ class ResumableStream(Stream):
         if not data:
             return
         await self._wait_connected()
+        if self._error is not None:  # the stream failed while this send waited for a resume
+            raise self._error
         self.backlog.add(data)  # before sending: if this connection fails, the resume re-sends it
         try:
             await self._ws.send(data)
@@ -155,14 +160,17 @@ class ResumableStream(Stream):
 
     async def close(self) -> None:
         self._closing = True
+        if self._resender is not None:
+            self._resender.cancel()
         await super().close()
 
     async def _wait_connected(self) -> None:
         if self._connected.is_set():
             return
         waiter = asyncio.ensure_future(self._connected.wait())
-        await asyncio.wait({waiter, asyncio.ensure_future(self._finished.wait())},
-                           return_when=asyncio.FIRST_COMPLETED)
+        finished = asyncio.ensure_future(self._finished.wait())
+        await asyncio.wait({waiter, finished}, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
         if not waiter.done():
             waiter.cancel()
             raise self._error or StreamClosedError(None)
@@ -216,7 +224,7 @@ class ResumableStream(Stream):
         log.info("stream %s resumed at %.2f s, segment %d (attempt %d)", self.session, resume.time,
                  resume.segment, attempts)
         self.resumptions.append(Resumption(resume, began, time.monotonic(), attempts, reason))
-        asyncio.ensure_future(self._resend(ws))  # the reader goes on with the new connection meanwhile
+        self._resender = asyncio.ensure_future(self._resend(ws))  # the reader reads the new connection meanwhile
 
     async def _resend(self, ws: Any) -> None:
         try:
@@ -248,6 +256,8 @@ async def handshake_with_backoff(opener: connect, make_start: Callable[[], Start
             last = exc
             continue
         except (ConnectError, StreamClosedError) as exc:
+            if getattr(exc, "status", None) in FATAL_STATUSES:
+                raise
             last = exc
             continue
         return ws, ready, start, attempt

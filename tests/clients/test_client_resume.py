@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from clients.client import connect
+from clients.client import ConnectError, connect
 from clients.resume import Backlog, ResumeOptions
 
 RATE = 48000
@@ -77,3 +77,10 @@ async def test_a_full_server_is_retried_until_a_stream_ends(serve_test_server, s
         asyncio.get_running_loop().call_later(0.5, lambda: asyncio.ensure_future(blocker.stop()))
         finals, _, _ = await stream(url, audio)
         assert len(finals) == len(speech.utterances)
+
+
+async def test_a_refused_token_is_not_retried(serve_test_server):
+    async with serve_test_server(token="sesame") as url:
+        with pytest.raises(ConnectError) as raised:
+            await asyncio.wait_for(connect(url, token="wrong", resume=ResumeOptions(backoff=1.0)), 0.9)
+    assert raised.value.status == 401  # at once: no backoff, the next attempt would be refused too
