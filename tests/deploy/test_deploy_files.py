@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,8 @@ import pytest
 from server.bench.cluster import haproxy_binary
 from server.cli import build_parser, config_from_args
 
-yaml = pytest.importorskip("yaml")
+yaml = pytest.importorskip("yaml")  # pyyaml: in the export extra, which .ci/run installs
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 MARGIN = 5  # seconds a grace period must leave beyond preStop and the drain
