@@ -61,7 +61,8 @@ async def test_a_cut_connection_resumes_with_every_final_once(serve_test_server,
     async with serve_test_server(partial_interval=0.0) as url:
         reference, ref_times, _ = await stream(url, audio)
         assert len(reference) == 2 * len(speech.utterances)
-        for cut in (15, 40, 75):  # before the first final, inside an utterance, in a pause
+        last = (len(audio) - 1) // 1600  # cut with the last chunk: `stop` goes out while the stream resumes
+        for cut in (15, 40, 75, last):  # before the first final, inside an utterance, in a pause, at the end
             finals, times, s = await stream(url, audio, cut_after=cut)
             assert finals == reference, cut
             assert np.allclose(times, ref_times, atol=0.3), (cut, times, ref_times)
