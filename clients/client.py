@@ -112,6 +112,21 @@ def stream_url(url: str, token: str | None) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def stream_endpoint(url: str) -> str:
+    """The stream endpoint meant by `url` as people type it: a bare `host:port` (or `host`, on DEFAULT_PORT)
+    is ws://, http(s):// becomes ws(s)://, and no path (or `/`) means STREAM_PATH. Any other path is kept,
+    so a wrong one still gets the server's 404 naming the right one."""
+    bare = "://" not in url
+    parts = urlsplit("ws://" + url if bare else url)
+    try:
+        if bare and parts.port is None:
+            parts = parts._replace(netloc=f"{parts.netloc}:{DEFAULT_PORT}")
+    except ValueError:  # not a port number: leave it to websockets' InvalidURI (a ConnectError)
+        return url
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme.lower(), parts.scheme)
+    return urlunsplit(parts._replace(scheme=scheme, path=parts.path if parts.path.strip("/") else STREAM_PATH))
+
+
 def to_pcm(audio: bytes | bytearray | memoryview | np.ndarray, encoding: str, channels: int = 1) -> bytes:
     """Encode audio for the wire.
 
@@ -305,7 +320,8 @@ class Stream:
 class connect:
     """Open a stream: `async with connect(url, ...) as stream:` or `stream = await connect(url, ...)`.
 
-    url: ws:// or wss:// address of the stream endpoint (default `DEFAULT_URL`).
+    url: ws:// or wss:// address of the stream endpoint (default `DEFAULT_URL`); `host:port` or a URL
+    without a path means the stream endpoint there (`stream_endpoint`).
     sample_rate, format ('s16le' or 'f32le'), channels: how the audio passed to `send` is laid out;
     the server resamples any rate it accepts to 16 kHz. token: sent as `?token=` and in `start`.
     resume: True or a `ResumeOptions` (clients/resume.py): survive a server's drain or failure by
@@ -318,11 +334,8 @@ class connect:
                  open_timeout: float = 10.0, resume: Any = None) -> None:
         if format not in PCM_FORMATS:
             raise ValueError(f"format must be one of {', '.join(PCM_FORMATS)}, got {format!r}")
-        self.url = url
-        if resume is True:
-            from .resume import ResumeOptions  # here: clients/resume.py builds on this module
-            resume = ResumeOptions()
-        self.resume = resume or None
+        self.url = stream_endpoint(url)
+        self.resume = resume or None  # True or ResumeOptions: clients/resume.py
         self.start = Start(sample_rate=sample_rate, format=format, channels=channels, language=language,
                            itn=itn, partials=partials, token=token or None, resumable=self.resume is not None)
         self.on_partial, self.on_final = on_partial, on_final

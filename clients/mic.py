@@ -6,7 +6,8 @@
 
 Captures mono int16 at the device's default rate (the server resamples), sends ~100 ms frames, shows the
 partial on one overwritten line and prints each final with its times. Ctrl-C stops the capture, waits
-for the last final and exits 0; a second Ctrl-C quits at once. Errors: one line on stderr, exit 1.
+for the last final and exits 0; a second Ctrl-C quits at once. Errors: one line on stderr, exit 1; a
+closed stdout (`| head`) ends it quietly with 141, like clients/file.py.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ if __package__ in (None, ""):  # run as `python clients/mic.py`: make the reposi
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clients.client import DEFAULT_URL, ClientError, connect
-from clients.file import CHUNK_SECONDS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ResultWriter
+from clients.file import CHUNK_SECONDS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ResultWriter, output_closed, quit_quietly
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 
 OnAudio = Callable[[bytes], None]
@@ -130,7 +131,7 @@ async def _run(start_capture: StartCapture, rate: int, args: argparse.Namespace,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m clients.mic", description="Live transcription from a "
                                      "microphone through a running Unipad server.")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"stream endpoint (default {DEFAULT_URL})")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"stream endpoint; host:port is enough (default {DEFAULT_URL})")
     parser.add_argument("--token", default=os.environ.get("UNIPAD_TOKEN"), help="access token (default $UNIPAD_TOKEN)")
     parser.add_argument("--device", help="input device: index or part of the name (see --list-devices)")
     parser.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             writer.close()
     except (MicError, ClientError, OSError) as exc:
+        if output_closed(exc):  # `python clients/mic.py | head`
+            return quit_quietly()
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -46,6 +46,11 @@ class ResumeOptions:
     keep_seconds: float = 60.0  # audio kept past the last final: a 30 s segment plus a margin for the server's lag
 
 
+def resume_options(opener: connect) -> ResumeOptions:
+    """`connect(resume=True)` means the defaults."""
+    return ResumeOptions() if opener.resume is True else opener.resume
+
+
 @dataclass(frozen=True)
 class Resumption:
     """One reconnection of a stream, for the caller's records (`ResumableStream.resumptions`)."""
@@ -119,7 +124,7 @@ class ResumableStream(Stream):
 
     def __init__(self, opener: connect, ws: Any, ready: Any) -> None:
         self._opener = opener
-        self.options: ResumeOptions = opener.resume
+        self.options = resume_options(opener)
         start = opener.start
         self.backlog = Backlog(start.sample_rate, start.channels * (2 if start.format == "s16le" else 4),
                                self.options.keep_seconds)
@@ -241,7 +246,7 @@ class ResumableStream(Stream):
 async def handshake_with_backoff(opener: connect, make_start: Callable[[], Start]) -> tuple[Any, Any, Start, int]:
     """Connect and get `ready`, retrying with backoff while servers are full, failing or unreachable.
     Returns the connection, its `ready`, the start sent and the attempts it took."""
-    options: ResumeOptions = opener.resume
+    options = resume_options(opener)
     delay, last = 0.0, None
     for attempt in range(1, options.attempts + 1):
         if delay:
