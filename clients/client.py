@@ -78,7 +78,11 @@ class ClientError(Exception):
 
 
 class ConnectError(ClientError):
-    """The server could not be reached, or refused the WebSocket handshake."""
+    """The server could not be reached, or refused the WebSocket handshake (`status`: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ServerError(ClientError):
@@ -241,6 +245,13 @@ class Stream:
 
     async def _read(self) -> None:
         try:
+            await self._receive()
+        finally:
+            await self._end()
+
+    async def _receive(self) -> None:
+        """Dispatch the current connection's messages until it closes or the stream fails."""
+        try:
             async for text in self._ws:
                 try:
                     message = parse_server_message(text) if isinstance(text, str) else None
@@ -262,16 +273,18 @@ class Stream:
                     break
         except ConnectionClosed:
             pass
-        finally:
-            if self._error is not None and self._ws.state is not State.CLOSED:
-                await self._ws.close()
-            if self.done is None and self._error is None:
-                code, reason = self._ws.close_code, self._ws.close_reason or ""
-                if code == CLOSE_NORMAL and not reason:
-                    reason = "closed before 'done'"
-                self._fail(StreamClosedError(code, reason))
-            self._results.put_nowait(None)  # type: ignore[arg-type]  # ends the iteration
-            self._finished.set()
+
+    async def _end(self) -> None:
+        """The stream is over: record why when it ended without `done`; end the iteration."""
+        if self._error is not None and self._ws.state is not State.CLOSED:
+            await self._ws.close()
+        if self.done is None and self._error is None:
+            code, reason = self._ws.close_code, self._ws.close_reason or ""
+            if code == CLOSE_NORMAL and not reason:
+                reason = "closed before 'done'"
+            self._fail(StreamClosedError(code, reason))
+        self._results.put_nowait(None)  # type: ignore[arg-type]  # ends the iteration
+        self._finished.set()
 
     async def _dispatch(self, message: Any) -> None:
         if isinstance(message, Error):
@@ -333,23 +346,36 @@ class connect:
     the server resamples any rate it accepts to 16 kHz. token: sent as `?token=` and in `start`.
     hotwords: words or phrases to favour, as strings or {"text": ..., "boost": ...} (docs/protocol.md);
     checked here (ProtocolError bad_start), spelled by the server against its model.
+    resume: True or a `ResumeOptions` (clients/resume.py): survive a server's drain or failure by
+    reconnecting and resuming the stream, re-sending the audio no final covers yet.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, token: str | None = None, sample_rate: int = SAMPLE_RATE,
                  format: str = "s16le", channels: int = 1, language: str = "auto", itn: bool = False,
                  partials: bool = True, on_partial: Callback | None = None, on_final: Callback | None = None,
-                 open_timeout: float = 10.0, hotwords: Sequence[str | dict[str, Any]] | None = None) -> None:
+                 open_timeout: float = 10.0, hotwords: Sequence[str | dict[str, Any]] | None = None,
+                 resume: Any = None) -> None:
         if format not in PCM_FORMATS:
             raise ValueError(f"format must be one of {', '.join(PCM_FORMATS)}, got {format!r}")
         self.url = stream_endpoint(url)
+        self.resume = resume or None  # True or ResumeOptions: clients/resume.py
         self.start = Start(sample_rate=sample_rate, format=format, channels=channels, language=language,
                            itn=itn, partials=partials, token=token or None,
-                           hotwords=parse_hotwords(list(hotwords)) or None if hotwords else None)
+                           hotwords=parse_hotwords(list(hotwords)) or None if hotwords else None,
+                           resumable=self.resume is not None)
         self.on_partial, self.on_final = on_partial, on_final
         self.open_timeout = open_timeout
         self._stream: Stream | None = None
 
     async def _open(self) -> Stream:
+        if self.resume is not None:
+            from .resume import open_resumable
+            return await open_resumable(self)
+        ws, ready = await self._handshake(self.start)
+        return Stream(ws, self.start, ready, self.on_partial, self.on_final)
+
+    async def _handshake(self, start: Start) -> tuple[ClientConnection, Ready]:
+        """Connect, send `start`, wait for `ready`."""
         url = stream_url(self.url, self.start.token)
         host = urlsplit(url).hostname or ""
         proxy = None if host in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
@@ -358,18 +384,19 @@ class connect:
         except InvalidStatus as exc:
             status = exc.response.status_code
             body = exc.response.body.decode("utf-8", "replace").strip()[:200] if exc.response.body else ""
-            raise ConnectError(f"{self.url} refused the connection: HTTP {status}" + (f" {body}" if body else "")) from None
+            raise ConnectError(f"{self.url} refused the connection: HTTP {status}" + (f" {body}" if body else ""),
+                               status) from None
         except InvalidURI as exc:
             raise ConnectError(f"not a WebSocket URL: {exc.uri}") from None
         except (OSError, asyncio.TimeoutError, InvalidHandshake) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
         try:
-            await ws.send(encode(self.start))
+            await ws.send(encode(start))
             ready = await self._wait_ready(ws)
         except BaseException:
             await ws.close()
             raise
-        return Stream(ws, self.start, ready, self.on_partial, self.on_final)
+        return ws, ready
 
     async def _wait_ready(self, ws: ClientConnection) -> Ready:
         try:

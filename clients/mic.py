@@ -93,9 +93,10 @@ async def stream_capture(start_capture: StartCapture, rate: int, args: argparse.
     def on_audio(pcm: bytes) -> None:  # any thread
         loop.call_soon_threadsafe(queue.put_nowait, pcm)
 
+    # resume=True: a server's restart or failure does not end the session
     async with connect(args.url, token=args.token, sample_rate=rate, format="s16le", language=args.language,
                        itn=args.itn, hotwords=args.hotword, partials=True, on_partial=writer.partial,
-                       on_final=writer.final) as stream:
+                       on_final=writer.final, resume=True) as stream:
         stop_capture = start_capture(on_audio)
         stopper = asyncio.create_task(stopping.wait())
         stopper.add_done_callback(lambda _: queue.put_nowait(None))

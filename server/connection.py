@@ -51,12 +51,25 @@ class Connection(StreamConnection):
         options = self.app.segmenter_options
         if not message.partials:  # no partial windows to cut and copy for a client that ignores them
             options = dataclasses.replace(options, partial_interval=0.0)
+        resume = message.resume
         try:
-            self.session = StreamSession(message.audio_format, options)
+            self.session = StreamSession(message.audio_format, options, start_time=resume.time if resume else 0.0,
+                                         first_segment=resume.segment if resume else 0)
         except AudioFormatError as exc:
             raise ProtocolError(str(exc), code="unsupported_audio") from None
+        if resume is not None:  # numbering and times go on from the client's; nothing else is kept
+            self._segments = resume.segment
+            self.app.metrics.sessions_resumed.inc()
+            self.log.info("session %s resumes stream %s at %.2f s, segment %d", self.id, resume.session,
+                          resume.time, resume.segment)
         self._put(Ready(session=self.id, model=self.app.model_name, provider=self.app.provider))
         code = await self._stream()
+        if code == CLOSE_GOING_AWAY and message.resumable:
+            # Draining: send the finals of the segments already closed, but leave the open one uncut; the
+            # client re-sends its audio to another server (a resume), where it ends as it would have here.
+            await self._until_closed(self._finals_sent.wait())
+            await self._close(code, "server shutting down; resume elsewhere")
+            return
         await self._handle(self.session.finish())
         await self._until_closed(self._finals_sent.wait())
         self._put(Done(segments=self._segments))

@@ -277,7 +277,7 @@ class StreamConnection:
             events = self.session.feed(data)
         except AudioFormatError as exc:  # malformed payload (odd length, NaN): 1007, not 1003
             raise ProtocolError(str(exc), code="invalid_audio") from None
-        self._arrivals.append((self.session.received_seconds, arrived))
+        self._arrivals.append((self.session.stream_seconds, arrived))
         await self._handle(events)
 
     def _speech_end_arrival(self, end: float) -> float:
