@@ -20,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .beam_search import DEFAULT_BEAM, TOP_K, top_k
+from .hotwords import ContextGraph
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ DEFAULT_GPU_BATCH_SIZES: tuple[int, ...] = (1, 4, 16)
 # rows would change another's scale: int8 (the CPU precision) runs one clip per call.
 DEFAULT_CPU_BATCH_SIZES: tuple[int, ...] = (1,)
 MAX_BATCH_SIZE = 64  # the exporter's bound on the batch dimension
-HOST_TOP_K = 8  # k of the host's top-k for models without in-graph decoding
+HOST_TOP_K = TOP_K  # k of the host's top-k for models without in-graph decoding
 # The fixed cost of one run, in rows, for plan_batches. GPU: the issue-13 H100 figures (a 30 s fp16
 # segment 25.6 ms alone, 7.3 ms per segment in a batch of 16) fit about 18 ms + 6.2 ms per row, i.e. 3
 # rows. CPU: arithmetic dominates; half a row stands for the call and thread start-up.
@@ -38,11 +40,13 @@ CALL_OVERHEAD_ROWS = {"cpu": 0.5, "gpu": 3.0}
 
 @dataclass(frozen=True)
 class Clip:
-    """One clip to run: float32 mono audio at SAMPLE_RATE and its prompt."""
+    """One clip to run: float32 mono audio at SAMPLE_RATE, its prompt, and how to decode it."""
 
     audio: np.ndarray
     language: str = "auto"
     itn: bool = False
+    hotwords: ContextGraph | None = None  # None: greedy; else a beam search over the top-k biased to them
+    beam: int = DEFAULT_BEAM
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ class ClipOutput:
     length: int
     best_ids: np.ndarray  # int [length]
     best_logprobs: np.ndarray  # float32 [length]
-    topk_ids: np.ndarray | None = None  # int [length, k], best first (when asked)
+    topk_ids: np.ndarray | None = None  # int [length, k], best first (when asked; from an older graph, the
+    #                                     host's pipeline/beam_search.top_k, whose pruned entries are -inf)
     topk_logprobs: np.ndarray | None = None  # float32 [length, k]
     logprobs: np.ndarray | None = None  # float32 [frames, vocab], all frames (when asked)
 
@@ -154,7 +159,7 @@ def host_decoding(logprobs: np.ndarray, k: int = HOST_TOP_K) -> tuple[np.ndarray
     return order[:, 0].astype(np.int32), top[:, 0].copy(), order.astype(np.int32), top
 
 
-def unpack(outputs: dict[str, np.ndarray], row: int, topk: bool, full: bool) -> ClipOutput:
+def unpack(outputs: dict[str, np.ndarray], row: int, topk: bool, full: bool, blank_id: int = 0) -> ClipOutput:
     """Row `row` of one run's fetched outputs as a ClipOutput."""
     logprobs_name, lengths_name = OUTPUT_NAMES
     best_ids, best_logprobs, topk_ids, topk_logprobs = DECODING_OUTPUT_NAMES
@@ -164,9 +169,9 @@ def unpack(outputs: dict[str, np.ndarray], row: int, topk: bool, full: bool) -> 
         ids, lps = outputs[best_ids][row, :length], outputs[best_logprobs][row, :length]
         tids = outputs[topk_ids][row, :length] if topk else None
         tlps = outputs[topk_logprobs][row, :length] if topk else None
-    elif topk:
-        ids, lps, tids, tlps = host_decoding(logprobs[:length])
-    else:
+    else:  # an older graph: decode its full log-probs on the host
         ids = np.argmax(logprobs[:length], axis=-1).astype(np.int32)
-        lps, tids, tlps = np.take_along_axis(logprobs[:length], ids[:, None], axis=-1)[:, 0], None, None
+        lps = np.take_along_axis(logprobs[:length], ids[:, None], axis=-1)[:, 0]
+        # the beam search's own host top-k: pruned entries are -inf, which gives the search the same result
+        tids, tlps = top_k(logprobs, length, HOST_TOP_K, blank_id) if topk else (None, None)
     return ClipOutput(length, ids, lps, tids, tlps, logprobs if full else None)

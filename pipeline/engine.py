@@ -12,6 +12,8 @@
                 into the grid's batches; a clip's output does not depend on its batch-mates
     engine.transcribe_many([Clip], offsets) -> [Transcript];  engine.transcribe(audio, ...) -> Transcript
     engine.run(audio float32 [n]) -> (logprobs float32 [frames, vocab], valid frames)
+    engine.transcribe(..., hotwords=engine.hotword_graph(words))   beam search biased to the hotwords
+                (Clip.hotwords in transcribe_many; it decodes the graph's top-k, or the host's for old graphs)
 
 Graphs with in-graph decoding (pipeline/modeldir.py) return per-frame best ids and top-k; the host then
 receives the full [frames, vocab] log-probs only when a caller asks (`full=True`, run()).
@@ -24,9 +26,7 @@ ProtocolError code "bad_start" (a language the model does not know; the server s
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +36,16 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
-from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack, plan_batches, unpack,
-                       validate_batch_sizes)
+from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack,
+                       plan_batches, unpack, validate_batch_sizes)
+from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
+from .hotwords import ContextGraph, Hotword, Speller
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, read_model_directory
 from .providers import (DEVICES, PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure,
                         provider_config)
-from .sessions import create_session, load_shared_weights
+from .sessions import create_session, load_shared_weights, process_rss, release_free_memory
 from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
 
 log = logging.getLogger(__name__)
@@ -113,24 +115,6 @@ def default_containers(device: str) -> tuple[float, ...]:
     return DEFAULT_CPU_CONTAINERS if device == "cpu" else DEFAULT_GPU_CONTAINERS
 
 
-def release_free_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc only). Loading parses each graph once per session;
-    glibc keeps those freed buffers, which showed as 2-3x the weights in RSS after load (measured)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to do
-
-
-def process_rss() -> int | None:
-    """This process's resident set size in bytes (Linux /proc; None where unknown)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 class Engine:
     """Runs the model of one model directory on a fixed grid of shapes. Call load() before use."""
 
@@ -149,6 +133,7 @@ class Engine:
         self.in_graph_decoding = False  # the graph outputs best ids and top-k (DECODING_OUTPUT_NAMES)
         self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
+        self._speller: Speller | None = None  # hotword spelling, made on first use
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -308,7 +293,7 @@ class Engine:
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)
             for row, index in enumerate(run.rows):
-                results[index] = unpack(outputs, row, topk, full)
+                results[index] = unpack(outputs, row, topk, full, self.model.manifest.blank_id)
         return results  # type: ignore[return-value]
 
     def run(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> tuple[np.ndarray, int]:
@@ -328,16 +313,22 @@ class Engine:
         return outputs[OUTPUT_NAMES[0]][0], int(outputs[OUTPUT_NAMES[1]][0])
 
     def transcribe_many(self, clips: Sequence[Clip], offsets: Sequence[float] | None = None) -> list[Transcript]:
-        """infer() and greedy CTC decoding; token times are seconds from each clip's offset (its first sample)."""
+        """infer() and CTC decoding: greedy, or for a clip with hotwords a prefix beam search over its top-k,
+        biased towards them; token times are seconds from each clip's offset (its first sample)."""
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
-        return [decode_ids(out.best_ids, out.length, self.model.tokens, blank_id=m.blank_id,
-                           prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds, offset=offset)
-                for out, offset in zip(self.infer(clips), offsets)]
+        outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
+        frames = dict(blank_id=m.blank_id, prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds)
+        return [decode_ids(out.best_ids, out.length, self.model.tokens, offset=offset, **frames)
+                if clip.hotwords is None else
+                beam_search(out.topk_ids, out.topk_logprobs, out.length, self.model.tokens, clip.hotwords, clip.beam,
+                            offset=offset, **frames)
+                for clip, out, offset in zip(clips, outputs, offsets)]
 
-    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0) -> Transcript:
-        """One clip through transcribe_many()."""
-        return self.transcribe_many([Clip(audio, language, itn)], [offset])[0]
+    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0,
+                   hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
+        """One clip through transcribe_many(); `hotwords` from hotword_graph()."""
+        return self.transcribe_many([Clip(audio, language, itn, hotwords, beam)], [offset])[0]
 
     def _run_batch(self, run: Run, feed: dict[str, np.ndarray], topk: bool, full: bool) -> dict[str, np.ndarray]:
         session = self._sessions.get((run.batch, run.size))
@@ -353,6 +344,11 @@ class Engine:
         self.stats.rows += len(run.rows)
         self.stats.spare_rows += run.batch - len(run.rows)
         return outputs
+
+    def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
+        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be."""
+        self._speller = self._speller or Speller(self.model.tokens)
+        return ContextGraph(hotwords, self._speller) if hotwords else None
 
     def _infer(self, session: SessionRunner, feed: dict[str, np.ndarray], names: tuple[str, ...],
                warming: bool = False, recover: bool = True) -> list[np.ndarray]:

@@ -55,6 +55,9 @@ class ModelManifest:
     opset: int = 18
     top_k: int = 0  # k of the in-graph decoding outputs (DECODING_OUTPUT_NAMES); 0: the graphs have none
     format: str = MANIFEST_FORMAT
+    # One line for the people using the server (the browser page, the startup log) when the name and
+    # languages would mislead, e.g. what a demo model recognises; empty for a general model.
+    notice: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"

@@ -4,16 +4,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
 import sys
 from pathlib import Path
 
 from pipeline.batching import parse_batch_sizes
+from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
+from pipeline.hotwords import read_hotwords_file
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
-from .config import DEFAULT_MODEL_DIR, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .config import DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -32,9 +34,11 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
-    p = argparse.ArgumentParser(prog="unipad", description="Unipad ASR: real-time speech recognition server",
+    p = argparse.ArgumentParser(prog="unipad", description="Unipad ASR: real-time speech recognition server "
+                                "(`unipad models` lists the models pulled into the cache)",
                                 formatter_class=_HelpFormatter)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model directory (python -m export)")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR,
+                   help="model directory, or a name pulled with `python -m export pull NAME` (e.g. sensevoice-small)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=d.port, help="TCP port for WebSocket and HTTP (0: any free port)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or directml (default: $INFERENCE_DEVICE, else auto)")
@@ -71,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
     p.add_argument("--funasr-port", type=int, default=None,
                    help="also speak the FunASR runtime protocol on this port (default: off)")
+    p.add_argument("--hotwords", type=Path, default=None,
+                   help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
+    p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
+                   help="text, or json: one object per line (time, level, logger, message, fields)")
     return p
 
 
@@ -93,19 +101,27 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     fields = {f.name for f in dataclasses.fields(ServerConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
     values["allowed_origins"] = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    values["model"] = resolve_model(args.model)  # a catalogue name -> its directory in the cache
     return validate_config(config_from_env(ServerConfig(**values)))
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["models"]:  # `unipad models`: what is in the model cache
+        from .models_command import main as models_main
+
+        return models_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        model = read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        if config.hotwords:
+            read_hotwords_file(config.hotwords, model.tokens)
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     from .server import Server  # after the checks: --help and bad flags stay instant
 
     try:

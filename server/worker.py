@@ -6,12 +6,14 @@ segment is decoded. Scheduling, all under one lock:
   * at most one pending partial per session: a newer partial replaces the waiting one, a final for the
     same segment discards it; partials run only when no final waits, oldest session first;
   * a final is never dropped; the connection bounds how many finals one session may have in flight,
-    so the finals queue is bounded by sessions x that bound.
+    so the finals queue is bounded by sessions x that bound;
+  * BATCH jobs (segments of an uploaded file, server/openai_http.py) run after every waiting final and take
+    turns with partials, so a long file never starves live streams' finals or partials.
 Batching: each round takes up to the engine's largest batch size of jobs, finals first (in order), then
-partials (oldest session first) to fill the rest, and runs them in one engine call (pipeline/batching.py
-packs them into warmed fixed shapes). With batch size 1 (the CPU default) a round is one job, exactly the
-order above. A batch that fails is retried job by job, so one bad segment costs no other stream its
-final; a job that still fails gets its own InferenceError.
+partials and batch jobs taking turns, and runs them in one engine call (pipeline/batching.py packs them
+into warmed fixed shapes). With batch size 1 (the CPU default) a round is one job, exactly the order
+above. A batch that fails is retried job by job, so one bad segment costs no other stream its final; a
+job that still fails gets its own InferenceError.
 Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 FINAL = "final"
 PARTIAL = "partial"
+BATCH = "batch"
 
 
 @dataclass(eq=False)
@@ -49,7 +52,7 @@ class Job:
     """
 
     session: str
-    kind: str  # FINAL or PARTIAL
+    kind: str  # FINAL, PARTIAL or BATCH
     segment: int
     start: float
     end: float
@@ -58,6 +61,7 @@ class Job:
     deliver: Callable[["Job", Any, UnipadError | None], None]
     language: str = "auto"
     itn: bool = False
+    hotwords: Any = None  # the stream's ContextGraph (pipeline/hotwords.py); None: greedy decoding
     arrived: float = 0.0
     cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
     submitted: float = field(default_factory=time.monotonic)
@@ -75,6 +79,8 @@ class Worker:
         self._cond = threading.Condition()
         self._finals: deque[Job] = deque()
         self._partials: OrderedDict[str, Job] = OrderedDict()  # session -> its one pending partial
+        self._batch: deque[Job] = deque()  # bounded by each upload's own jobs in flight
+        self._partials_turn = True  # partials and batch jobs alternate when both wait
         self._stopping = False
         self._rebuilds = 0  # engine rebuilds already counted in the metric
         self._thread = threading.Thread(target=self._run, name="unipad-worker", daemon=True)
@@ -96,6 +102,8 @@ class Worker:
                     del self._partials[job.session]
                     self.metrics.partials_dropped.inc()
                 self._finals.append(job)
+            elif job.kind == BATCH:
+                self._batch.append(job)
             else:
                 if job.session in self._partials:
                     self.metrics.partials_dropped.inc()
@@ -111,6 +119,7 @@ class Worker:
                 if job.session == session:
                     job.cancelled = True
             self._finals = deque(j for j in self._finals if not j.cancelled)
+            self._batch = deque(j for j in self._batch if j.session != session)
             self._update_depth()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -124,13 +133,14 @@ class Worker:
     @property
     def depth(self) -> int:
         with self._cond:
-            return len(self._finals) + len(self._partials)
+            return len(self._finals) + len(self._partials) + len(self._batch)
 
     # ---- worker thread -------------------------------------------------------------------------------
 
     def _update_depth(self) -> None:
         self.metrics.queue_depth.labels(FINAL).set(len(self._finals))
         self.metrics.queue_depth.labels(PARTIAL).set(len(self._partials))
+        self.metrics.queue_depth.labels(BATCH).set(len(self._batch))
 
     def _call_loop(self, callback: Callable[..., Any], *args: Any) -> None:
         try:
@@ -157,15 +167,20 @@ class Worker:
         """One round: up to the largest batch size of jobs, finals first, then partials."""
         capacity = max(getattr(self.engine, "batch_sizes", None) or (1,))
         with self._cond:
-            while not self._stopping and not self._finals and not self._partials:
+            while not self._stopping and not self._finals and not self._partials and not self._batch:
                 self._cond.wait()
             if self._stopping:
                 return None
             jobs = []
             while self._finals and len(jobs) < capacity:
                 jobs.append(self._finals.popleft())
-            while self._partials and len(jobs) < capacity:
-                jobs.append(self._partials.popitem(last=False)[1])
+            while (self._partials or self._batch) and len(jobs) < capacity:
+                if self._partials and (self._partials_turn or not self._batch):
+                    jobs.append(self._partials.popitem(last=False)[1])
+                    self._partials_turn = False
+                else:
+                    jobs.append(self._batch.popleft())
+                    self._partials_turn = True
             self._update_depth()
             return jobs
 
@@ -192,7 +207,7 @@ class Worker:
                 self._call_loop(job.deliver, job, transcript, error)
 
     def _transcribe(self, jobs: list[Job]) -> list[Any]:
-        clips = [Clip(job.audio, job.language, job.itn) for job in jobs]
+        clips = [Clip(job.audio, job.language, job.itn, job.hotwords) for job in jobs]
         return self.engine.transcribe_many(clips, [job.audio_start for job in jobs])
 
     def _one(self, job: Job) -> tuple[Any, UnipadError | None]:
