@@ -155,3 +155,27 @@ def test_cuda_graph_replays_equal_plain_runs(tiny_model_dir):
             np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
             np.testing.assert_array_equal(got.best_ids, want.best_ids)
     assert graph.stats.unwarmed_calls == 0
+
+
+def test_hotword_clips_share_a_batch_and_the_graph_top_k_matches_the_host(demo_speech):
+    """Beam search over the graph's top-k, inside a batch, gives what the host's top-k of the full log-probs
+    gives alone (the path before in-graph decoding)."""
+    from pipeline.beam_search import beam_search, top_k
+    from pipeline.hotwords import Hotword
+
+    eng = Engine(ROOT / "models" / "demo", EngineOptions(device="cpu", precision="fp32", containers=(4.0,),
+                                                        batch_sizes=(1, 4))).load()
+    graph = eng.hotword_graph((Hotword("stop", 2.0),))
+    audios = [demo_speech.audio[int(u["start"] * 16000):int(u["end"] * 16000)][:64000]
+              for u in demo_speech.utterances[:3]]
+    clips = [Clip(audios[0], hotwords=graph), Clip(audios[1]), Clip(audios[2], hotwords=graph)]
+    together = eng.transcribe_many(clips)
+    assert eng.stats.last_batch == 4
+    m = eng.model.manifest
+    for c, got in zip(clips, together):
+        assert got == eng.transcribe(c.audio, hotwords=c.hotwords)
+        if c.hotwords is not None:
+            logprobs, length = eng.run(c.audio)
+            ids, values = top_k(logprobs, length, blank_id=m.blank_id)
+            assert got == beam_search(ids, values, length, eng.model.tokens, graph, blank_id=m.blank_id,
+                                      prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds)
