@@ -231,7 +231,9 @@ class Paraformer(nn.Module):
 
     forward(audio float32 [B, N] in [-1, 1], audio_lengths int [B])
         -> token_ids int32 [B, T + 1] (argmax; 0 past the count), token_logprobs float32 [B, T + 1],
-           token_counts int32 [B], cif_peaks float32 [B, T + 1] (FunASR's CIF fires), peak_lengths int32 [B]
+           token_counts int32 [B], cif_alphas and cif_peaks float32 [B, T + 1] (CIF weights with the tail,
+           FunASR's CIF fires), peak_lengths int32 [B] (valid frames + 1)
+    (pipeline/paraformer_decoding.py names them and turns them into text and times).
     with T = ceil(fbank frames / 6) encoder frames. CMVN is set from am.mvn with `set_cmvn`.
     """
 
@@ -277,11 +279,11 @@ class Paraformer(nn.Module):
     def forward(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
         features, feature_lengths = self.features(audio, audio_lengths)
         memory, mask = self.encode(features, feature_lengths)
-        embeddings, token_counts, _, fires = self.predictor(memory, mask)
+        embeddings, token_counts, alphas, fires = self.predictor(memory, mask)
         logprobs = self.decode(memory, mask, embeddings, token_counts)
         best, ids = logprobs.max(-1)
         real = time_mask(logprobs, token_counts)[:, :, 0]
         token_ids = (ids * real.to(torch.int64)).to(torch.int32)
         peak_lengths = (feature_lengths + 1).to(torch.int32)  # the valid frames plus the tail frame
-        return token_ids, best * real, token_counts.to(torch.int32), fires, peak_lengths
+        return token_ids, best * real, token_counts.to(torch.int32), alphas, fires, peak_lengths
 
