@@ -1,4 +1,4 @@
-"""`python -m export {sensevoice,verify,train-demo,eval,bench-train} ...`"""
+"""`python -m export {sensevoice,paraformer,verify,train-demo,eval,bench-train} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ from pipeline.errors import UnipadError
 
 COMMANDS = {
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
+    "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),

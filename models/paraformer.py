@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pipeline.paraformer_decoding import PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
+
 from .cif import cif
 from .frontend import FEATURE_SIZE, Frontend, sinusoid_timescales
 from .sensevoice import ATTENTION_MASK_VALUE, EncoderLayerSANM, fsmn_memory, sinusoid_positions, time_mask
@@ -117,8 +119,14 @@ class CifPredictorV2(nn.Module):
 
     def alphas(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """hidden [B, T, D] (padded rows zero), mask [B, T, 1] -> alphas float32 [B, T + 1] with the tail."""
-        padding = (self.dims.predictor_l_order, self.dims.predictor_r_order)
-        context = torch.relu(self.cif_conv1d(nn.functional.pad(hidden.transpose(1, 2), padding))).transpose(1, 2)
+        # The conv as one MatMul over stacked neighbour frames: int8 quantises it like every other weight,
+        # and ONNX Runtime's float Conv picks shape-dependent kernels whose last bits differ per container.
+        left, right = self.dims.predictor_l_order, self.dims.predictor_r_order
+        frames = hidden.shape[1]
+        padded = nn.functional.pad(hidden, (0, 0, left, right))
+        window = torch.cat([padded[:, k:k + frames] for k in range(left + right + 1)], -1)  # [B, T, taps * D]
+        weight = self.cif_conv1d.weight.permute(0, 2, 1).flatten(1)  # [D, taps * D], tap-major like window
+        context = torch.relu(nn.functional.linear(window, weight, self.cif_conv1d.bias))
         alphas = torch.sigmoid(self.cif_output(context * mask).float())
         alphas = torch.relu(alphas * self.dims.smooth_factor - self.dims.noise_threshold) * mask.float()
         alphas = alphas[:, :, 0]
@@ -247,6 +255,10 @@ class Paraformer(nn.Module):
 
     def set_cmvn(self, shift, scale) -> None:
         self.frontend.set_cmvn(shift, scale)
+
+    @staticmethod
+    def onnx_signature() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
 
     def half_encoder(self) -> Paraformer:
         """This model with encoder and decoder in fp16 (for GPU graphs); the frontend, the CIF sums and the
