@@ -173,6 +173,8 @@ def decode_paraformer(output: ParaformerOutput, tokens: Sequence[str], offset: f
         if text == " ":
             space = " "
             continue
+        # FunASR's -1.5 frame shift can put the first token before the clip; it starts at the clip instead.
+        start, end = max(start, 0), max(end, 0)
         timed.append(TokenTiming(space + text, round(offset + start / 1000, 6), round(offset + end / 1000, 6)))
         space = ""
     if timed:
