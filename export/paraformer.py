@@ -135,7 +135,10 @@ def checkpoint_tokens(directory: Path, vocab_size: int) -> list[str]:
             if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
                 raise ValueError(f"{path}: expected a JSON list of token strings")
         else:
-            tokens = [line.split()[0] if line.split() else line for line in text.split("\n")[:vocab_size]]
+            lines = text.split("\n")
+            if lines and lines[-1] == "":  # the final newline
+                lines.pop()
+            tokens = [line.split()[0] if line.split() else line for line in lines]  # "token" or "token id"
         if len(tokens) != vocab_size:
             raise ValueError(f"{path} has {len(tokens)} tokens but the checkpoint's output layer has {vocab_size}")
         return tokens
