@@ -1,4 +1,4 @@
-"""`python -m export {sensevoice,paraformer,verify,train-demo,eval,bench-train} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,verify,train-demo,eval,bench-train} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ import sys
 from pipeline.errors import UnipadError
 
 COMMANDS = {
+    "pull": ("export.pull", "download a model by name (e.g. sensevoice-small), export, verify and cache it"),
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),

@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
@@ -31,9 +32,11 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
-    p = argparse.ArgumentParser(prog="unipad", description="Unipad ASR: real-time speech recognition server",
+    p = argparse.ArgumentParser(prog="unipad", description="Unipad ASR: real-time speech recognition server "
+                                "(`unipad models` lists the models pulled into the cache)",
                                 formatter_class=_HelpFormatter)
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model directory (python -m export)")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR,
+                   help="model directory, or a name pulled with `python -m export pull NAME` (e.g. sensevoice-small)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=d.port, help="TCP port for WebSocket and HTTP (0: any free port)")
     p.add_argument("--device", default=None, help="auto, cpu, cuda or directml (default: $INFERENCE_DEVICE, else auto)")
@@ -81,10 +84,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     fields = {f.name for f in dataclasses.fields(ServerConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
     values["allowed_origins"] = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    values["model"] = resolve_model(args.model)  # a catalogue name -> its directory in the cache
     return validate_config(config_from_env(ServerConfig(**values)))
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["models"]:  # `unipad models`: what is in the model cache
+        from .models_command import main as models_main
+
+        return models_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,142 @@
+"""Models by name: what `python -m export pull NAME` downloads, and where the server finds it afterwards.
+
+    UNIPAD_HOME/models/NAME/       an exported, verified model directory (pipeline/modeldir.py)
+    UNIPAD_HOME/downloads/NAME/    the released files while they download (resumable), deleted once exported
+
+UNIPAD_HOME defaults to the user's cache directory (~/.cache/unipad, %LOCALAPPDATA%\\unipad,
+~/Library/Caches/unipad). Importable without torch or a hub client: the server resolves names with it.
+
+Adding a model (e.g. `paraformer-zh`): one `CatalogModel` in MODELS below, whose `exporter` module has
+`export_checkpoint(directory, out, precisions, name, source) -> Path` (export/sensevoice.py is the
+example) turning the downloaded released files into a model directory.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelLoadError
+from .modeldir import MANIFEST_FILE
+
+HOME_ENV = "UNIPAD_HOME"
+MODELS_SUBDIR = "models"
+DOWNLOADS_SUBDIR = "downloads"
+HUBS = ("hf", "modelscope")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """A released file. `size` (bytes) and `sha256` only where the publisher's own metadata states them
+    (Hugging Face's LFS pointers do for LFS files); None: checked against what the hub reports at
+    download time instead (its size header, and its LFS sha256 when it sends one)."""
+
+    name: str
+    size: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class HubSource:
+    hub: str  # "hf" or "modelscope"
+    repo: str  # e.g. "FunAudioLLM/SenseVoiceSmall"
+    revision: str  # a commit id pins the files the sizes and hashes belong to; a branch follows it
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    description: str
+    exporter: str  # module with export_checkpoint(...), see the module docstring
+    sources: tuple[HubSource, ...]  # in order of preference
+    files: tuple[HubFile, ...]
+
+    def source(self, hub: str | None) -> HubSource:
+        """The preferred source, or the one on `hub`."""
+        for source in self.sources:
+            if hub is None or source.hub == hub:
+                return source
+        raise ValueError(f"{self.name} has no {hub} source (has {', '.join(s.hub for s in self.sources)})")
+
+
+# SenseVoiceSmall as FunAudioLLM published it on Hugging Face at commit 3847d57b. The sizes and sha256 of
+# the two LFS files are Hugging Face's LFS metadata for that commit (X-Linked-Size / X-Linked-Etag, as
+# quoted by several independent projects pinning the same commit). am.mvn and config.yaml are plain git
+# files there (their hub etag is a git blob id, not a sha256): no publisher value is recorded for them;
+# the hub's reported size is checked at download, and the strict checkpoint load and `verify` after it.
+# ModelScope's iic/SenseVoiceSmall serves the same files (its model.pt has the same sha256).
+SENSEVOICE_SMALL = CatalogModel(
+    name="sensevoice-small",
+    description="SenseVoiceSmall: zh, en, yue, ja, ko speech recognition with language, emotion and event tags",
+    exporter="export.sensevoice",
+    sources=(
+        HubSource("hf", "FunAudioLLM/SenseVoiceSmall", "3847d57b6bdf2dd8875cb1508d2af43d80a16bf7"),
+        HubSource("modelscope", "iic/SenseVoiceSmall", "master"),
+    ),
+    files=(
+        HubFile("model.pt", 936_291_369, "833ca2dcfdf8ec91bd4f31cfac36d6124e0c459074d5e909aec9cabe6204a3ea"),
+        HubFile("chn_jpn_yue_eng_ko_spectok.bpe.model", 377_341,
+                "aa87f86064c3730d799ddf7af3c04659151102cba548bce325cf06ba4da4e6a8"),
+        HubFile("am.mvn"),
+        HubFile("config.yaml"),
+    ),
+)
+
+MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL,)}
+
+
+def unipad_home() -> Path:
+    """$UNIPAD_HOME, else the platform's per-user cache directory plus `unipad`."""
+    if os.environ.get(HOME_ENV):
+        return Path(os.environ[HOME_ENV]).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "unipad"
+
+
+def model_path(name: str) -> Path:
+    return unipad_home() / MODELS_SUBDIR / name
+
+
+def download_path(name: str) -> Path:
+    return unipad_home() / DOWNLOADS_SUBDIR / name
+
+
+def lookup(name: str) -> CatalogModel:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r} (known: {', '.join(sorted(MODELS))})")
+    return MODELS[name]
+
+
+def pull_command(name: str) -> str:
+    return f"python -m export pull {name}"
+
+
+def resolve_model(value: str | Path) -> Path:
+    """A --model value to a model directory: an existing directory as given, else a catalogue name in
+    the cache. Raises ModelLoadError with one line saying how to get the model."""
+    path, name = Path(value), str(value)
+    if path.is_dir() or name not in MODELS and (path.is_absolute() or len(path.parts) > 1):
+        return path  # a path: read_model_directory reports what is wrong with it
+    if name in MODELS:
+        cached = model_path(name)
+        if not (cached / MANIFEST_FILE).is_file():
+            raise ModelLoadError(f"model {name} is not pulled yet (looked in {cached}): run `{pull_command(name)}`",
+                                 path=str(cached))
+        return cached
+    raise ModelLoadError(
+        f"--model {name}: no such directory, and not a known model name ({', '.join(sorted(MODELS))}); "
+        f"get one with `{pull_command('NAME')}`", path=name)
+
+
+def installed_models() -> list[Path]:
+    """Model directories in the cache (names starting with a dot are unfinished work), sorted by name."""
+    root = unipad_home() / MODELS_SUBDIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST_FILE).is_file())
