@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.modeldir import PRECISIONS, ModelManifest
 
 from .onnx_export import OPSET, write_model_dir
+from .sensevoice import parse_precisions
 
 CHECKPOINT_FILES = ("model.pt", "config.yaml", "am.mvn")
 TOKEN_FILES = ("tokens.json", "tokens.txt")
@@ -178,26 +179,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    precisions = tuple(p.strip() for p in args.precision.split(",") if p.strip())
-    bad = [p for p in precisions if p not in PRECISIONS]
-    if bad or not precisions:
-        raise ValueError(f"unknown precision {bad[0] if bad else '(none)'!r}: choose from {', '.join(PRECISIONS)}")
+    precisions = parse_precisions(args.precision)
     if args.out.exists():
         raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
     if args.checkpoint is not None:
-        model, tokens = checkpoint_model(args.checkpoint)
         source = {"kind": "checkpoint", "path": str(args.checkpoint.resolve())}
-        name = args.name or "paraformer-large"
+        out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or "paraformer-large", source,
+                                args.container)
     else:
         model, tokens = random_model(args.random_init, args.seed)
         source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
                   "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
-        name = args.name or f"paraformer-random-{args.random_init}"
-    manifest = ModelManifest(
-        name=name, architecture="paraformer", dimensions=model.dims.to_dict(), files={}, source=source,
-        container_seconds=args.container, prompt_frames=0, languages={"auto": 0, "zh": 0, "en": 0},
-        tag_tokens={}, opset=OPSET,
-    )
-    out = write_model_dir(model, tokens, args.out, manifest, precisions)
+        out = _write(model, tokens, args.out, precisions, args.name or f"paraformer-random-{args.random_init}",
+                     source, args.container)
     print(f"wrote {out} ({', '.join(precisions)})")
     return 0
+
+
+def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], name: str, source: dict,
+                      container: float = 30.0) -> Path:
+    """A released checkpoint directory to the model directory `out` (written atomically); the exporter
+    contract of pipeline/catalog.py, which `python -m export pull` calls."""
+    model, tokens = checkpoint_model(Path(directory))
+    return _write(model, tokens, out, precisions, name, source, container)
+
+
+def _write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
+           container: float) -> Path:
+    manifest = ModelManifest(
+        name=name, architecture="paraformer", dimensions=model.dims.to_dict(), files={}, source=source,
+        container_seconds=container, prompt_frames=0, languages={"auto": 0, "zh": 0, "en": 0}, tag_tokens={},
+        opset=OPSET,
+    )
+    return write_model_dir(model, tokens, out, manifest, precisions)
