@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeline.paraformer_decoding import PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
+from pipeline.modeldir import PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
 
 from .cif import cif
 from .frontend import FEATURE_SIZE, Frontend, sinusoid_timescales

@@ -35,8 +35,8 @@ from .audio import samples_to_seconds
 from .decoding import Transcript, decode_ctc
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .initializers import read_initializers
-from .modeldir import FREE_DIMENSIONS, INPUT_NAMES, OUTPUT_NAMES, read_model_directory
-from .paraformer_decoding import PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES, ParaformerOutput, decode_paraformer
+from .modeldir import FREE_DIMENSIONS, read_model_directory, signature
+from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, conflicting_runtimes,
                         is_device_failure, provider_config)
 from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
@@ -86,13 +86,6 @@ class EngineStats:
     rss_before_load: int | None = None  # bytes, process resident set size
     rss_after_load: int | None = None
     shared_weight_bytes: int = 0  # weights held once for all sessions (0: each session has its own)
-
-
-def signature(architecture: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The graph inputs and outputs of a model family (the manifest's architecture)."""
-    if architecture == "paraformer":
-        return PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
-    return INPUT_NAMES, OUTPUT_NAMES
 
 
 def choose_precision(requested: str, device: str, available: dict) -> str:
@@ -341,7 +334,7 @@ class Engine:
         return logprobs[0], int(lengths[0])
 
     def infer_padded(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> list[np.ndarray]:
-        """run_padded's checks and call, returning every graph output."""
+        """run_padded, returning every graph output."""
         session = self._sessions.get(len(padded))
         if session is None or not session.warmed:
             self.stats.unwarmed_calls += 1

@@ -22,9 +22,6 @@ import numpy as np
 from .audio import OUTPUT_FRAME_SECONDS
 from .decoding import TokenTiming, Transcript
 
-# The graph's signature (free dimensions `batch` and `samples`, as SenseVoice's).
-PARAFORMER_INPUT_NAMES = ("audio", "audio_lengths")
-PARAFORMER_OUTPUT_NAMES = ("token_ids", "token_logprobs", "token_counts", "cif_alphas", "cif_peaks", "peak_lengths")
 
 DROPPED_TOKENS = frozenset({"<s>", "</s>", "<unk>", "<OOV>", "<blank>"})
 JOIN_MARK = "@@"  # a piece ending the text of a word that the next piece continues
