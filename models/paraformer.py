@@ -116,6 +116,18 @@ class CifPredictorV2(nn.Module):
         size = dims.output_size
         self.cif_conv1d = nn.Conv1d(size, size, dims.predictor_l_order + dims.predictor_r_order + 1)
         self.cif_output = nn.Linear(size, 1)
+        # The conv's weight as one [taps * D, D] matrix, kept in step with cif_conv1d (refreshed on load):
+        # a plain initializer in the graph, so int8 quantises it. Computed in the graph instead, it stays a
+        # float MatMul that ONNX Runtime fuses with its bias into a Gemm whose last bits depend on the
+        # container, and int8 rounding downstream magnified that into different tokens.
+        self.register_buffer("window_weight", self._window_weight(), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _: module.refresh_window_weight())
+
+    def _window_weight(self) -> torch.Tensor:
+        return self.cif_conv1d.weight.detach().permute(2, 1, 0).flatten(0, 1).contiguous()  # tap-major, like `window`
+
+    def refresh_window_weight(self) -> None:
+        self.window_weight = self._window_weight().to(self.window_weight.dtype)
 
     def alphas(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """hidden [B, T, D] (padded rows zero), mask [B, T, 1] -> alphas float32 [B, T + 1] with the tail."""
@@ -125,8 +137,7 @@ class CifPredictorV2(nn.Module):
         frames = hidden.shape[1]
         padded = nn.functional.pad(hidden, (0, 0, left, right))
         window = torch.cat([padded[:, k:k + frames] for k in range(left + right + 1)], -1)  # [B, T, taps * D]
-        weight = self.cif_conv1d.weight.permute(0, 2, 1).flatten(1)  # [D, taps * D], tap-major like window
-        context = torch.relu(nn.functional.linear(window, weight, self.cif_conv1d.bias))
+        context = torch.relu(torch.matmul(window, self.window_weight) + self.cif_conv1d.bias)
         alphas = torch.sigmoid(self.cif_output(context * mask).float())
         alphas = torch.relu(alphas * self.dims.smooth_factor - self.dims.noise_threshold) * mask.float()
         alphas = alphas[:, :, 0]
