@@ -35,9 +35,10 @@ Audio from another thread (a bot's audio callback, a sound card): hand each chun
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Sequence, Union
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -48,6 +49,7 @@ from websockets.protocol import State
 
 from pipeline.audio import PCM_FORMATS, SAMPLE_RATE
 from pipeline.errors import ProtocolError
+from pipeline.hotwords import make_hotword, parse_hotwords
 from server.protocol import (
     CLOSE_NORMAL,
     DEFAULT_PORT,
@@ -76,7 +78,11 @@ class ClientError(Exception):
 
 
 class ConnectError(ClientError):
-    """The server could not be reached, or refused the WebSocket handshake."""
+    """The server could not be reached, or refused the WebSocket handshake (`status`: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ServerError(ClientError):
@@ -106,6 +112,21 @@ def stream_url(url: str, token: str | None) -> str:
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query) if k != "token"] + [("token", token)]
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def stream_endpoint(url: str) -> str:
+    """The stream endpoint meant by `url` as people type it: a bare `host:port` (or `host`, on DEFAULT_PORT)
+    is ws://, http(s):// becomes ws(s)://, and no path (or `/`) means STREAM_PATH. Any other path is kept,
+    so a wrong one still gets the server's 404 naming the right one."""
+    bare = "://" not in url
+    parts = urlsplit("ws://" + url if bare else url)
+    try:
+        if bare and parts.port is None:
+            parts = parts._replace(netloc=f"{parts.netloc}:{DEFAULT_PORT}")
+    except ValueError:  # not a port number: leave it to websockets' InvalidURI (a ConnectError)
+        return url
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme.lower(), parts.scheme)
+    return urlunsplit(parts._replace(scheme=scheme, path=parts.path if parts.path.strip("/") else STREAM_PATH))
 
 
 def to_pcm(audio: bytes | bytearray | memoryview | np.ndarray, encoding: str, channels: int = 1) -> bytes:
@@ -224,6 +245,13 @@ class Stream:
 
     async def _read(self) -> None:
         try:
+            await self._receive()
+        finally:
+            await self._end()
+
+    async def _receive(self) -> None:
+        """Dispatch the current connection's messages until it closes or the stream fails."""
+        try:
             async for text in self._ws:
                 try:
                     message = parse_server_message(text) if isinstance(text, str) else None
@@ -245,16 +273,18 @@ class Stream:
                     break
         except ConnectionClosed:
             pass
-        finally:
-            if self._error is not None and self._ws.state is not State.CLOSED:
-                await self._ws.close()
-            if self.done is None and self._error is None:
-                code, reason = self._ws.close_code, self._ws.close_reason or ""
-                if code == CLOSE_NORMAL and not reason:
-                    reason = "closed before 'done'"
-                self._fail(StreamClosedError(code, reason))
-            self._results.put_nowait(None)  # type: ignore[arg-type]  # ends the iteration
-            self._finished.set()
+
+    async def _end(self) -> None:
+        """The stream is over: record why when it ended without `done`; end the iteration."""
+        if self._error is not None and self._ws.state is not State.CLOSED:
+            await self._ws.close()
+        if self.done is None and self._error is None:
+            code, reason = self._ws.close_code, self._ws.close_reason or ""
+            if code == CLOSE_NORMAL and not reason:
+                reason = "closed before 'done'"
+            self._fail(StreamClosedError(code, reason))
+        self._results.put_nowait(None)  # type: ignore[arg-type]  # ends the iteration
+        self._finished.set()
 
     async def _dispatch(self, message: Any) -> None:
         if isinstance(message, Error):
@@ -289,28 +319,63 @@ class Stream:
             self._results.put_nowait(error)
 
 
+def add_hotword_option(parser: argparse.ArgumentParser) -> None:
+    """The clients' --hotword option: args.hotword is a list for connect(hotwords=...)."""
+    parser.add_argument("--hotword", action="append", default=[], type=hotword_argument, metavar="PHRASE[:BOOST]",
+                        help="favour this word or phrase (repeatable), optionally with a boost: 'turn on:2.5'")
+
+
+def hotword_argument(value: str) -> dict[str, Any]:
+    """"turn on:2.5" -> {"text": "turn on", "boost": 2.5}; "save" gets the default boost."""
+    text, _, boost = value.rpartition(":")
+    try:
+        word = make_hotword(text, float(boost)) if text else make_hotword(value)
+    except ValueError:  # a colon that does not precede a number belongs to the phrase
+        word = make_hotword(value)
+    except ProtocolError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return {"text": word.text, "boost": word.boost}
+
+
 class connect:
     """Open a stream: `async with connect(url, ...) as stream:` or `stream = await connect(url, ...)`.
 
-    url: ws:// or wss:// address of the stream endpoint (default `DEFAULT_URL`).
+    url: ws:// or wss:// address of the stream endpoint (default `DEFAULT_URL`); `host:port` or a URL
+    without a path means the stream endpoint there (`stream_endpoint`).
     sample_rate, format ('s16le' or 'f32le'), channels: how the audio passed to `send` is laid out;
     the server resamples any rate it accepts to 16 kHz. token: sent as `?token=` and in `start`.
+    hotwords: words or phrases to favour, as strings or {"text": ..., "boost": ...} (docs/protocol.md);
+    checked here (ProtocolError bad_start), spelled by the server against its model.
+    resume: True or a `ResumeOptions` (clients/resume.py): survive a server's drain or failure by
+    reconnecting and resuming the stream, re-sending the audio no final covers yet.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, token: str | None = None, sample_rate: int = SAMPLE_RATE,
                  format: str = "s16le", channels: int = 1, language: str = "auto", itn: bool = False,
                  partials: bool = True, on_partial: Callback | None = None, on_final: Callback | None = None,
-                 open_timeout: float = 10.0) -> None:
+                 open_timeout: float = 10.0, hotwords: Sequence[str | dict[str, Any]] | None = None,
+                 resume: Any = None) -> None:
         if format not in PCM_FORMATS:
             raise ValueError(f"format must be one of {', '.join(PCM_FORMATS)}, got {format!r}")
-        self.url = url
+        self.url = stream_endpoint(url)
+        self.resume = resume or None  # True or ResumeOptions: clients/resume.py
         self.start = Start(sample_rate=sample_rate, format=format, channels=channels, language=language,
-                           itn=itn, partials=partials, token=token or None)
+                           itn=itn, partials=partials, token=token or None,
+                           hotwords=parse_hotwords(list(hotwords)) or None if hotwords else None,
+                           resumable=self.resume is not None)
         self.on_partial, self.on_final = on_partial, on_final
         self.open_timeout = open_timeout
         self._stream: Stream | None = None
 
     async def _open(self) -> Stream:
+        if self.resume is not None:
+            from .resume import open_resumable
+            return await open_resumable(self)
+        ws, ready = await self._handshake(self.start)
+        return Stream(ws, self.start, ready, self.on_partial, self.on_final)
+
+    async def _handshake(self, start: Start) -> tuple[ClientConnection, Ready]:
+        """Connect, send `start`, wait for `ready`."""
         url = stream_url(self.url, self.start.token)
         host = urlsplit(url).hostname or ""
         proxy = None if host in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
@@ -319,18 +384,19 @@ class connect:
         except InvalidStatus as exc:
             status = exc.response.status_code
             body = exc.response.body.decode("utf-8", "replace").strip()[:200] if exc.response.body else ""
-            raise ConnectError(f"{self.url} refused the connection: HTTP {status}" + (f" {body}" if body else "")) from None
+            raise ConnectError(f"{self.url} refused the connection: HTTP {status}" + (f" {body}" if body else ""),
+                               status) from None
         except InvalidURI as exc:
             raise ConnectError(f"not a WebSocket URL: {exc.uri}") from None
         except (OSError, asyncio.TimeoutError, InvalidHandshake) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
         try:
-            await ws.send(encode(self.start))
+            await ws.send(encode(start))
             ready = await self._wait_ready(ws)
         except BaseException:
             await ws.close()
             raise
-        return Stream(ws, self.start, ready, self.on_partial, self.on_final)
+        return ws, ready
 
     async def _wait_ready(self, ws: ClientConnection) -> Ready:
         try:

@@ -8,7 +8,9 @@ Reads anything soundfile reads (WAV, FLAC, OGG/Vorbis, MP3 with libsndfile >= 1.
 is downmixed here; the file's own rate is sent as is when the server accepts it (8-48 kHz), else
 resampled to 16 kHz first. Formats: `text` (one line per final with its times; partials overwrite one
 terminal line when stdout is a TTY), `jsonl` (the protocol's final messages, one per line), `srt`, `vtt`.
-Exit status: 0 on success, 1 on any error (one line on stderr), 2 on bad arguments, 130 on Ctrl-C.
+Exit status: 0 on success, 1 on any error (one line on stderr), 2 on bad arguments, 130 on Ctrl-C, 141
+without a word when the output is closed early (`| head`), the status a shell reports for a Unix tool that
+SIGPIPE ended. `--url` may be a bare host:port (the stream endpoint there).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from clients.client import DEFAULT_URL, ClientError, connect
+from clients.client import DEFAULT_URL, ClientError, add_hotword_option, connect
 from clients.subtitles import VTT_HEADER, cues_for_final, format_timestamp, srt_cue, vtt_cue
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 from server.protocol import Final, Partial, encode
@@ -36,6 +38,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2  # argparse's own status
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
+EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE: what `yes | head` reports for yes, so pipefail scripts read it alike
 FORMATS = ("text", "jsonl", "srt", "vtt")
 CHUNK_SECONDS = 0.1  # one binary frame per 100 ms of audio
 
@@ -110,12 +113,24 @@ class ResultWriter:
             self._partial_shown = False
 
 
+def output_closed(exc: BaseException) -> bool:
+    """Whether `exc` is a write to a closed pipe (`... | head`), also when a result callback hit it."""
+    return isinstance(exc, BrokenPipeError) or isinstance(exc.__cause__, BrokenPipeError)
+
+
+def quit_quietly() -> int:
+    """End on a closed stdout as Unix tools do: no message, EXIT_OUTPUT_CLOSED. stdout now points at devnull
+    (Python's advice for SIGPIPE), so the interpreter's own flush at exit finds nothing to complain about."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OUTPUT_CLOSED
+
+
 async def transcribe_file(audio: np.ndarray, rate: int, args: argparse.Namespace, writer: ResultWriter) -> int:
     """Stream `audio` (float32 mono at `rate` Hz) and write the results. Returns the exit status."""
     loop = asyncio.get_running_loop()
     chunk = max(1, int(rate * CHUNK_SECONDS))
     async with connect(args.url, token=args.token, sample_rate=rate, format="s16le", language=args.language,
-                       itn=args.itn, partials=writer.live, on_partial=writer.partial,
+                       itn=args.itn, hotwords=args.hotword, partials=writer.live, on_partial=writer.partial,
                        on_final=writer.final) as stream:
         began = loop.time()
         for offset in range(0, len(audio), chunk):
@@ -132,11 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m clients.file", description="Transcribe an audio file "
                                      "through a running Unipad server.")
     parser.add_argument("file", help="audio file (anything soundfile reads)")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"stream endpoint (default {DEFAULT_URL})")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"stream endpoint; host:port is enough (default {DEFAULT_URL})")
     parser.add_argument("--token", default=os.environ.get("UNIPAD_TOKEN"),
                         help="access token (default $UNIPAD_TOKEN)")
     parser.add_argument("--language", default="auto", help="auto, en, zh, yue, ja, ko (default auto)")
     parser.add_argument("--itn", action="store_true", help="inverse text normalisation (numbers, punctuation)")
+    add_hotword_option(parser)
     parser.add_argument("--fast", action="store_true", help="send as fast as possible, not at real-time pace")
     parser.add_argument("--format", choices=FORMATS, default="text", help="output format (default text)")
     parser.add_argument("--output", "-o", help="write here instead of stdout")
@@ -157,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             writer.close()
         return status
     except (InputError, ClientError, OSError) as exc:
+        if output_closed(exc):
+            return quit_quietly()
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

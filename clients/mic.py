@@ -6,7 +6,8 @@
 
 Captures mono int16 at the device's default rate (the server resamples), sends ~100 ms frames, shows the
 partial on one overwritten line and prints each final with its times. Ctrl-C stops the capture, waits
-for the last final and exits 0; a second Ctrl-C quits at once. Errors: one line on stderr, exit 1.
+for the last final and exits 0; a second Ctrl-C quits at once. Errors: one line on stderr, exit 1; a
+closed stdout (`| head`) ends it quietly with 141, like clients/file.py.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as `python clients/mic.py`: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clients.client import DEFAULT_URL, ClientError, connect
-from clients.file import CHUNK_SECONDS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ResultWriter
+from clients.client import DEFAULT_URL, ClientError, add_hotword_option, connect
+from clients.file import CHUNK_SECONDS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ResultWriter, output_closed, quit_quietly
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 
 OnAudio = Callable[[bytes], None]
@@ -92,8 +93,10 @@ async def stream_capture(start_capture: StartCapture, rate: int, args: argparse.
     def on_audio(pcm: bytes) -> None:  # any thread
         loop.call_soon_threadsafe(queue.put_nowait, pcm)
 
+    # resume=True: a server's restart or failure does not end the session
     async with connect(args.url, token=args.token, sample_rate=rate, format="s16le", language=args.language,
-                       itn=args.itn, partials=True, on_partial=writer.partial, on_final=writer.final) as stream:
+                       itn=args.itn, hotwords=args.hotword, partials=True, on_partial=writer.partial,
+                       on_final=writer.final, resume=True) as stream:
         stop_capture = start_capture(on_audio)
         stopper = asyncio.create_task(stopping.wait())
         stopper.add_done_callback(lambda _: queue.put_nowait(None))
@@ -129,12 +132,13 @@ async def _run(start_capture: StartCapture, rate: int, args: argparse.Namespace,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m clients.mic", description="Live transcription from a "
                                      "microphone through a running Unipad server.")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"stream endpoint (default {DEFAULT_URL})")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"stream endpoint; host:port is enough (default {DEFAULT_URL})")
     parser.add_argument("--token", default=os.environ.get("UNIPAD_TOKEN"), help="access token (default $UNIPAD_TOKEN)")
     parser.add_argument("--device", help="input device: index or part of the name (see --list-devices)")
     parser.add_argument("--list-devices", action="store_true", help="list the audio devices and exit")
     parser.add_argument("--language", default="auto", help="auto, en, zh, yue, ja, ko (default auto)")
     parser.add_argument("--itn", action="store_true", help="inverse text normalisation (numbers, punctuation)")
+    add_hotword_option(parser)
     parser.add_argument("--format", choices=("text", "jsonl"), default="text", help="output format (default text)")
     return parser
 
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             writer.close()
     except (MicError, ClientError, OSError) as exc:
+        if output_closed(exc):  # `python clients/mic.py | head`
+            return quit_quietly()
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

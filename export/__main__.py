@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,verify,train-demo,eval,bench-train} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,verify,train-demo,eval,eval-hotwords,bench-train} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ COMMANDS = {
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
+    "eval-hotwords": ("export.hotword_eval", "WER and hotword recall with and without hotwords; beam search time"),
     "bench-train": ("export.train_bench", "seconds per training step of the demo model, fp32 against bf16"),
 }
 

@@ -7,6 +7,14 @@ from . import synth
 from .evaluate import format_groups
 
 
+def demo_notice() -> str:
+    """The demo manifest's `notice`: the one line the page and the server's log show with the model's name."""
+    return (f"A demo model for synthetic speech: it knows only {len(synth.VOCABULARY)} English words (digits and "
+            f"commands such as \"{synth.PHRASES[3]}\"), so natural speech gives empty or wrong text. For real "
+            "speech: python -m export pull sensevoice-small, then python -m server --model sensevoice-small "
+            "(README: \"Serving the real SenseVoiceSmall\").")
+
+
 def write_model_card(path: Path, manifest, tokens: list[str], results, history: list[dict]) -> None:
     """Markdown: what the model recognises, how it was made, its held-out WER, and what it is not."""
     source = manifest.source

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILES = ("model.pt", "am.mvn")
 DEFAULT_SEED = 20260204
+RANDOM_INIT_NOTICE = "Random weights: for speed and padding checks; it recognises no speech."  # manifest notice
 # Synthetic vocabulary: SenseVoice's special tokens at their released ids where known.
 RELEASED_TAG_IDS = {
     24884: "<|zh|>", 24885: "<|en|>", 24888: "<|yue|>", 24892: "<|ja|>", 24896: "<|ko|>", 24992: "<|nospeech|>",
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
                   "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
         out = _write(model, tokens, args.out, precisions, args.name or f"sensevoice-random-{args.random_init}",
-                     source, args.container)
+                     source, args.container, notice=RANDOM_INIT_NOTICE)
     print(f"wrote {out} ({', '.join(precisions)})")
     return 0
 
@@ -159,9 +160,11 @@ def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], n
 
 
 def _write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
-           container: float) -> Path:
+           container: float, notice: str = "") -> Path:
+    """`notice`: the manifest's line for the page and the log; a released checkpoint needs none (its name
+    and languages say what it is)."""
     manifest = ModelManifest(
         name=name, architecture="sensevoice", dimensions=model.dims.to_dict(), files={}, source=source,
-        container_seconds=container, tag_tokens=tag_token_ids(tokens), opset=OPSET,
+        container_seconds=container, tag_tokens=tag_token_ids(tokens), opset=OPSET, notice=notice,
     )
     return write_model_dir(model, tokens, out, manifest, precisions)

@@ -317,7 +317,7 @@ def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: di
 
     from pipeline.modeldir import ModelManifest, read_model_directory, write_model_directory
 
-    from .demo_card import write_model_card
+    from .demo_card import demo_notice, write_model_card
     from .evaluate import synth_eval_set, evaluate
     from .onnx_export import write_model_dir
 
@@ -332,7 +332,7 @@ def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: di
         "training": {k: v for k, v in summary.items() if k != "history"},
     }
     manifest = ModelManifest(name="demo-en-commands", architecture="sensevoice", dimensions=model.dims.to_dict(),
-                             files={}, source=source)
+                             files={}, source=source, notice=demo_notice())
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -73,6 +73,13 @@ def decode_ctc(
     ends = np.append(starts[1:], length)  # exclusive
     keep = ids[starts] != blank_id
     starts, ends, run_ids = starts[keep], ends[keep], ids[starts[keep]]
+    return transcript_from_runs(run_ids, starts, ends, tokens, prompt_frames, frame_seconds, offset)
+
+
+def transcript_from_runs(run_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, tokens: Sequence[str],
+                         prompt_frames: int = PROMPT_FRAMES, frame_seconds: float = OUTPUT_FRAME_SECONDS,
+                         offset: float = 0.0) -> Transcript:
+    """The emitted tokens of a CTC path -> Transcript: ids int [n], each one's frames [starts, ends)."""
     t0 = np.maximum((starts - prompt_frames) * frame_seconds + offset, offset)
     t1 = np.maximum((ends - prompt_frames) * frame_seconds + offset, offset)
 

@@ -10,6 +10,7 @@
         warm-up     each session runs once with exactly its shape before the engine is ready
     engine.run(audio float32 [n]) -> (logprobs float32 [frames, vocab], valid frames)
     engine.transcribe(audio, language, itn, offset) -> pipeline.decoding.Transcript
+    engine.transcribe(..., hotwords=engine.hotword_graph(words))   beam search biased to the hotwords
 
 The engine is synchronous and thread-confined: the server calls it from its one worker thread.
 A call whose padded shape no session was warmed with is refused (UnwarmedShapeError) and counted: on
@@ -32,8 +33,10 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
+from .beam_search import DEFAULT_BEAM, beam_search, top_k
 from .decoding import Transcript, decode_ctc
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
+from .hotwords import ContextGraph, Hotword, Speller
 from .initializers import read_initializers
 from .modeldir import FREE_DIMENSIONS, read_model_directory, signature
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
@@ -134,6 +137,7 @@ class Engine:
         self.policy: ShapePolicy | None = None
         self._sessions: dict[int, SessionRunner] = {}
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}  # must outlive the sessions
+        self._speller: Speller | None = None  # hotword spelling, made on first use
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -344,14 +348,28 @@ class Engine:
             raise UnwarmedShapeError(f"no session was warmed for {len(padded)} samples", samples=len(padded))
         return self._infer(session, self._feed(padded, length, language_id, textnorm_id))
 
-    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0) -> Transcript:
-        """run() and greedy CTC decoding (Paraformer: its own decoding, as the manifest's architecture says);
-        token times are seconds from `offset` (the clip's first sample)."""
+    def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
+        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
+        or the model has no CTC output to search (Paraformer)."""
+        if hotwords and self.model.manifest.architecture == "paraformer":
+            raise ProtocolError("hotwords need a CTC model (SenseVoice); this model is a Paraformer", code="bad_start")
+        self._speller = self._speller or Speller(self.model.tokens)
+        return ContextGraph(hotwords, self._speller) if hotwords else None
+
+    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0,
+                   hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
+        """run() and CTC decoding: greedy, or with `hotwords` a prefix beam search biased towards them;
+        token times are seconds from `offset` (the clip's first sample). Paraformer: its own decoding, as
+        the manifest's architecture says."""
         m = self.model.manifest
         if m.architecture == "paraformer":
             outputs = ParaformerOutput.from_graph(self.run_outputs(audio, language, itn))
             return decode_paraformer(outputs, self.model.tokens, offset=offset)
         logprobs, length = self.run(audio, language, itn)
+        if hotwords is not None:
+            ids, values = top_k(logprobs, length, blank_id=m.blank_id)
+            return beam_search(ids, values, length, self.model.tokens, hotwords, beam, blank_id=m.blank_id,
+                               prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds, offset=offset)
         return decode_ctc(logprobs, length, self.model.tokens, blank_id=m.blank_id, prompt_frames=m.prompt_frames,
                           frame_seconds=m.output_frame_seconds, offset=offset)
 

@@ -61,6 +61,9 @@ class ModelManifest:
     tag_tokens: dict = field(default_factory=dict)  # "language"|"emotion"|"event"|"textnorm" -> token ids
     opset: int = 18
     format: str = MANIFEST_FORMAT
+    # One line for the people using the server (the browser page, the startup log) when the name and
+    # languages would mislead, e.g. what a demo model recognises; empty for a general model.
+    notice: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"

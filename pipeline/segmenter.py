@@ -123,7 +123,9 @@ def frame_count(seconds: float) -> int:
 class Segmenter:
     """Turns a stream of 16 kHz float32 samples into segment events. One per stream; not thread-safe."""
 
-    def __init__(self, options: SegmenterOptions | None = None) -> None:
+    def __init__(self, options: SegmenterOptions | None = None, start_frame: int = 0, first_segment: int = 0) -> None:
+        """`start_frame`, `first_segment`: where a resumed stream goes on (its stream time in VAD frames, its
+        next segment number); a new stream starts at 0 and 0."""
         self.options = options = options or SegmenterOptions()
         validate_options(options)
         self._vad = webrtcvad.Vad(options.vad_aggressiveness)
@@ -142,8 +144,8 @@ class Segmenter:
         self._voiced = np.zeros(self._max_frames, bool)
         self._energy = np.zeros(self._max_frames, np.float32)
         self._pending = np.zeros(0, np.float32)  # < one frame of samples carried to the next feed
-        self._frames = 0  # frames processed since the stream started
-        self._segment = 0  # number of the next announced segment
+        self._frames = start_frame  # frames processed since the stream started
+        self._segment = first_segment  # number of the next announced segment
         self._open = False
         self._finished = False
         self._partial_due = False

@@ -7,7 +7,7 @@ the resampler's filter state and the segmenter's fixed-size segment buffer (max_
 from __future__ import annotations
 
 from .audio import AudioFormat, Resampler, check_format, decode_pcm
-from .segmenter import Event, Segmenter, SegmenterOptions
+from .segmenter import FRAME_SECONDS, Event, Segmenter, SegmenterOptions
 
 
 class StreamSession:
@@ -17,10 +17,14 @@ class StreamSession:
     the protocol treats it as fatal: the server closes the stream.
     """
 
-    def __init__(self, fmt: AudioFormat, options: SegmenterOptions | None = None) -> None:
+    def __init__(self, fmt: AudioFormat, options: SegmenterOptions | None = None, start_time: float = 0.0,
+                 first_segment: int = 0) -> None:
+        """`start_time` (a multiple of the 30 ms VAD frame) and `first_segment`: where a resumed stream goes
+        on, so its segment numbers and times continue the stream it resumes."""
         check_format(fmt)
         self.format = fmt
-        self.segmenter = Segmenter(options)
+        self.start_time = start_time
+        self.segmenter = Segmenter(options, start_frame=round(start_time / FRAME_SECONDS), first_segment=first_segment)
         self._resampler = Resampler(fmt.sample_rate)
         self._received_frames = 0  # sample frames (one per channel group) at the client's rate
         self._finished = False
@@ -33,6 +37,11 @@ class StreamSession:
     def received_seconds(self) -> float:
         """Seconds of audio received so far, at the client's rate (for real-time-rate checks)."""
         return self._received_frames / self.format.sample_rate
+
+    @property
+    def stream_seconds(self) -> float:
+        """The stream time the audio received so far reaches (start_time + received_seconds)."""
+        return self.start_time + self.received_seconds
 
     @property
     def processed_seconds(self) -> float:

@@ -4,16 +4,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import logging
 import sys
 from pathlib import Path
 
 from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
+from pipeline.hotwords import read_hotwords_file
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
-from .config import DEFAULT_MODEL_DIR, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .config import DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .logs import configure_logging
 
 EXIT_USAGE = 2
 
@@ -69,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
     p.add_argument("--funasr-port", type=int, default=None,
                    help="also speak the FunASR runtime protocol on this port (default: off)")
+    p.add_argument("--hotwords", type=Path, default=None,
+                   help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
+    p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
+                   help="text, or json: one object per line (time, level, logger, message, fields)")
     return p
 
 
@@ -98,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        model = read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        if config.hotwords:
+            read_hotwords_file(config.hotwords, model.tokens)
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     from .server import Server  # after the checks: --help and bad flags stay instant
 
     try:

@@ -19,6 +19,7 @@ from .protocol import DEFAULT_PORT
 # The demo model that ships with the repository (models/demo next to this package).
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")  # json: one object per line, for log collectors (server/logs.py)
 TOKEN_ENV = "UNIPAD_TOKEN"
 _SEGMENTER = SegmenterOptions()  # the segmentation defaults live in pipeline/segmenter.py
 
@@ -51,7 +52,9 @@ class ServerConfig:
     certfile: Path | None = None  # TLS certificate (PEM); with keyfile, serves wss:// and https://
     keyfile: Path | None = None
     funasr_port: int | None = None  # also serve the FunASR runtime protocol on this port (server/funasr.py)
+    hotwords: Path | None = None  # server-wide hotwords, one a line (pipeline/hotwords.py read_hotwords_file)
     log_level: str = "info"
+    log_format: str = "text"  # text, or json lines
 
 
 def config_from_env(config: ServerConfig) -> ServerConfig:
@@ -111,4 +114,5 @@ def validate_config(config: ServerConfig) -> ServerConfig:
         path = getattr(config, name)
         check(path is None or Path(path).is_file(), f"--{name} {path} does not exist")
     check(config.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+    check(config.log_format in LOG_FORMATS, f"--log-format must be one of {', '.join(LOG_FORMATS)}")
     return config

@@ -32,6 +32,7 @@ class Connection(StreamConnection):
         super().__init__(app, ws)
         self.start: Start | None = None
         self._segments = 0
+        self._hotwords: Any = None  # ContextGraph of the server's and the stream's hotwords
 
     async def _serve(self) -> None:
         first = await self._next_message()
@@ -45,16 +46,30 @@ class Connection(StreamConnection):
             raise ProtocolError("stop before start: send a start message first", code="bad_order")
         self._check_token(message.token, "in start")
         self.app.engine.language_id(message.language)  # ProtocolError bad_start for a language it lacks
+        self._hotwords = self.app.hotword_graph(message.hotwords or ())  # ProtocolError bad_start
         self.start = message
         options = self.app.segmenter_options
         if not message.partials:  # no partial windows to cut and copy for a client that ignores them
             options = dataclasses.replace(options, partial_interval=0.0)
+        resume = message.resume
         try:
-            self.session = StreamSession(message.audio_format, options)
+            self.session = StreamSession(message.audio_format, options, start_time=resume.time if resume else 0.0,
+                                         first_segment=resume.segment if resume else 0)
         except AudioFormatError as exc:
             raise ProtocolError(str(exc), code="unsupported_audio") from None
+        if resume is not None:  # numbering and times go on from the client's; nothing else is kept
+            self._segments = resume.segment
+            self.app.metrics.sessions_resumed.inc()
+            self.log.info("session %s resumes stream %s at %.2f s, segment %d", self.id, resume.session,
+                          resume.time, resume.segment)
         self._put(Ready(session=self.id, model=self.app.model_name, provider=self.app.provider))
         code = await self._stream()
+        if code == CLOSE_GOING_AWAY and message.resumable:
+            # Draining: send the finals of the segments already closed, but leave the open one uncut; the
+            # client re-sends its audio to another server (a resume), where it ends as it would have here.
+            await self._until_closed(self._finals_sent.wait())
+            await self._close(code, "server shutting down; resume elsewhere")
+            return
         await self._handle(self.session.finish())
         await self._until_closed(self._finals_sent.wait())
         self._put(Done(segments=self._segments))
@@ -85,7 +100,8 @@ class Connection(StreamConnection):
 
     def _job_options(self) -> dict[str, Any]:
         assert self.start is not None
-        return {"deliver": self._on_result, "language": self.start.language, "itn": self.start.itn}
+        return {"deliver": self._on_result, "language": self.start.language, "itn": self.start.itn,
+                "hotwords": self._hotwords}
 
     def _count_final(self) -> None:
         self._segments += 1

@@ -27,6 +27,7 @@ from websockets.http11 import Request, Response
 
 from pipeline.audio import SAMPLE_RATE, AudioFormat, resample
 from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
+from pipeline.hotwords import parse_word_weights
 from pipeline.stream import StreamSession
 
 from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrConfig, ResultWriter, SegmentResult, Word,
@@ -128,6 +129,7 @@ class FunasrConnection(StreamConnection):
         super().__init__(app, ws)
         self.config = FunasrConfig()
         self._input = 0  # inputs started on this connection; results of an older one are dropped
+        self._hotwords: Any = None  # ContextGraph of the server's and this input's hotwords
         self._reset_input()
 
     def _reset_input(self) -> None:
@@ -196,8 +198,7 @@ class FunasrConnection(StreamConnection):
         self._input += 1
         self._reset_input()
         self.outbox.discard_partial(1 << 62)
-        if config.hotwords:
-            self.log.info("funasr session %s: hotwords are not supported yet; ignored", self.id)
+        self._hotwords = self._hotword_graph(config.hotwords)
         if config.unknown:
             self.log.debug("funasr session %s: ignoring unknown field(s) %s", self.id, ", ".join(config.unknown))
         options = self.app.segmenter_options
@@ -270,7 +271,19 @@ class FunasrConnection(StreamConnection):
 
     def _job_options(self) -> dict[str, Any]:
         return {"deliver": functools.partial(self._on_input_result, self._input), "language": self.config.svs_lang,
-                "itn": self._itn()}
+                "itn": self._itn(), "hotwords": self._hotwords}
+
+    def _hotword_graph(self, value: Any) -> Any:
+        """FunASR's word-weight hotwords (bad_start when malformed). Like FunASR, words the model cannot
+        spell are skipped (logged), not refused: its clients send one list to every model."""
+        words = []
+        for word in parse_word_weights(value):
+            try:
+                self.app.engine.hotword_graph((word,))
+                words.append(word)
+            except ProtocolError as exc:
+                self.log.info("funasr session %s: hotword skipped: %s", self.id, exc)
+        return self.app.hotword_graph(tuple(words))
 
     def _itn(self) -> bool:
         if not self.config.use_itn:

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 from pipeline.decoding import is_cjk
 from pipeline.errors import ProtocolError
+from pipeline.stable_prefix import StablePrefix
 
 FUNASR_PORT = 10095  # FunASR runtime's default port (what its clients dial when given no --port)
 SUBPROTOCOL = "binary"  # what FunASR's clients offer; browsers (its html5 page) offer none
@@ -250,43 +251,37 @@ def final_message(config: FunasrConfig, results: Sequence[SegmentResult], is_fin
     return message
 
 
-def online_delta(sent: str, snapshot: str) -> str | None:
-    """The new text to send for a partial `snapshot` of a segment whose earlier deltas add up to `sent`.
-
-    FunASR's clients append every `online`/`2pass-online` text to what they show, so we send only what
-    extends the text already sent; a snapshot that revises it sends nothing (the final corrects it)."""
-    if len(snapshot) > len(sent) and snapshot.startswith(sent):
-        return snapshot[len(sent):]
-    return None
-
-
 class ResultWriter:
     """One input's results as FunASR messages. Stateful because FunASR's clients append every `online` and
-    `2pass-online` text to what they show: a partial goes out as the delta to what its segment has sent."""
+    `2pass-online` text to what they show: a segment's partials send only the text they commit
+    (pipeline/stable_prefix.py), and its final keeps that text as its prefix, so what a client appended
+    is always the start of the segment's final text, and in `online` mode the final sends the rest."""
 
     def __init__(self, config: FunasrConfig) -> None:
         self.config = config  # the connection replaces it when a later message renames the input
-        self._sent: dict[int, str] = {}  # segment -> the text its deltas add up to
+        self._segments: dict[int, StablePrefix] = {}  # open segment -> the text its deltas add up to
         self._any_online = False
 
     def partial(self, segment: int, snapshot: str) -> dict[str, Any] | None:
-        """A partial transcript of an open segment -> a delta message, or None when nothing new."""
-        sent = self._sent.get(segment, "")
-        delta = online_delta(sent, snapshot)
-        if delta is None:
+        """A partial transcript of an open segment -> a delta message, or None when nothing new is stable."""
+        prefix = self._segments.setdefault(segment, StablePrefix())
+        first = not prefix.text
+        delta = prefix.update(snapshot)
+        if not delta:
             return None
-        self._sent[segment] = snapshot
-        return partial_message(self.config, self._separate(delta) if not sent else delta)
+        return partial_message(self.config, self._separate(delta) if first else delta)
 
     def final(self, result: SegmentResult, is_final: bool) -> dict[str, Any] | None:
         """A segment's final -> its 2pass-offline/offline result; in online mode, the rest of its text as a
         delta (None when nothing is left and the message is not needed as the input's last)."""
-        sent = self._sent.pop(result.segment, "")
+        prefix = self._segments.pop(result.segment, StablePrefix())
+        sent = prefix.text
+        rest = prefix.complete(result.text)
+        if prefix.text != result.text:  # the committed words differ from the final's: they stay
+            result = dataclasses.replace(result, text=prefix.text)
         if self.config.reply_mode != "online":
             return final_message(self.config, [result], is_final)
-        delta = online_delta(sent, result.text) or ""
-        if not sent:
-            delta = self._separate(delta)
+        delta = rest if sent else self._separate(rest)
         if not delta and not is_final and not result.error:
             return None
         message = partial_message(self.config, delta, is_final)

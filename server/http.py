@@ -19,6 +19,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from .model_info import MODEL_CARD_PATH, MODEL_PATH, model_card, model_info
 from .protocol import STREAM_PATH
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def check_handshake_token(app: Server, connection: ServerConnection, request: Re
     if given is not None and not token_matches(app.config.token, given):
         app.auth_failures.record(address)
         app.metrics.sessions_refused.labels("unauthorized").inc()
-        log.warning("refused %s from %s: wrong token", what, address)  # never the token itself
+        log.warning("refused %s from %s: wrong token (HTTP 401)", what, address)  # never the token itself
         return response(401, "unauthorized: wrong token\n")
     connection.authenticated = given is not None  # type: ignore[attr-defined]
     return None
@@ -110,6 +111,17 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     path = urlsplit(request.path).path
     if path == STREAM_PATH:
         return check_handshake_token(app, connection, request, "a stream")
+    if path == MODEL_PATH:  # before /v1/ below, which is OpenAI's
+        return json_response(200, model_info(app.model))
+    if path == MODEL_CARD_PATH:
+        card = model_card(app.model)
+        return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")
+    if path.startswith("/v1/"):  # OpenAI's API (docs/openai.md)
+        from . import openai_http, openai_realtime
+
+        if path == openai_realtime.REALTIME_PATH:
+            return openai_realtime.check_handshake(app, connection, request)
+        return openai_http.get_response(app, connection, request, path)
     if path == "/healthz":
         return response(200, "ok\n")
     if path == "/readyz":

@@ -21,6 +21,7 @@ class Metrics:
         self.ready = Gauge("unipad_ready", "1 once the model is loaded and warmed up", registry=r)
         self.sessions_active = Gauge("unipad_sessions_active", "Open streams", registry=r)
         self.sessions_total = Counter("unipad_sessions", "Streams accepted", registry=r)
+        self.sessions_resumed = Counter("unipad_sessions_resumed", "Streams that resumed another one", registry=r)
         self.sessions_refused = Counter("unipad_sessions_refused", "Streams refused", ["reason"], registry=r)
         self.segments = Counter("unipad_segments", "Segments finalised (final messages sent)", registry=r)
         self.partials = Counter("unipad_partials", "Partial messages sent", registry=r)

@@ -4,7 +4,9 @@ Pure: no asyncio, no sockets. Text frames carry JSON objects with a `type`; bina
 
 Client -> server
     {"type": "start", "sample_rate": 48000, "format": "s16le"|"f32le", "channels": 1,
-     "language": "auto", "itn": false, "partials": true, "token": "..."}      (first message)
+     "language": "auto", "itn": false, "partials": true, "token": "...",
+     "hotwords": ["save", {"text": "turn on", "boost": 2.0}],
+     "resumable": true, "resume": {"session": "…", "segment": 4, "time": 12.33}}  (first message)
     <binary PCM frames>
     {"type": "stop"}                                                          (no more audio)
 
@@ -25,6 +27,9 @@ from typing import Any, Union
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, PCM_FORMATS, SAMPLE_RATE, AudioFormat
 from pipeline.errors import ProtocolError
+from pipeline.hotwords import Hotword, parse_hotwords
+
+from .resume import Resume, parse_resume
 
 STREAM_PATH = "/v1/stream"
 DEFAULT_PORT = 8765
@@ -52,6 +57,9 @@ class Start:
     itn: bool = False
     partials: bool = True
     token: str | None = None
+    hotwords: tuple[Hotword, ...] | None = None  # pipeline/hotwords.py; sent as [{"text", "boost"}, ...]
+    resumable: bool = False  # on a server's drain, keep the open segment for a resume (server/resume.py)
+    resume: Resume | None = None  # continue a stream another connection left unfinished
     type: str = "start"
 
     @property
@@ -99,13 +107,17 @@ def _parse_start(data: dict[str, Any]) -> Start:
     channels = data.get("channels", 1)
     if channels not in (1, 2) or isinstance(channels, bool):
         raise ProtocolError(f"channels must be 1 or 2, got {channels!r}", code="unsupported_audio")
-    for name in ("itn", "partials"):
+    for name in ("itn", "partials", "resumable"):
         if name in data and not isinstance(data[name], bool):
             raise ProtocolError(f"{name} must be true or false", code="bad_start")
     for name in ("language", "token"):
         if name in data and data[name] is not None and not isinstance(data[name], str):
             raise ProtocolError(f"{name} must be a string", code="bad_start")
-    return Start(**{k: v for k, v in data.items() if k != "type"})
+    fields = {k: v for k, v in data.items() if k != "type"}
+    fields["hotwords"] = parse_hotwords(data.get("hotwords")) or None  # ProtocolError bad_start
+    if data.get("resume") is not None:
+        fields["resume"] = parse_resume(data["resume"])  # ProtocolError bad_resume
+    return Start(**fields)
 
 
 # ---- server -> client ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import OverloadError
+from pipeline.hotwords import Hotword, merge_hotwords, read_hotwords_file
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
@@ -28,7 +29,9 @@ from .access import AuthFailures, install_redaction
 from .config import ServerConfig, segmenter_options
 from .connection import Connection
 from .http import process_request
+from .logs import quiet_requests
 from .metrics import Metrics
+from .model_info import notice_line
 from .protocol import STREAM_PATH
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .worker import Worker
@@ -50,8 +53,19 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
         origins=[*config.allowed_origins, None] if config.allowed_origins else None,
         ping_interval=KEEPALIVE_INTERVAL,
         ping_timeout=KEEPALIVE_INTERVAL,
-        logger=install_redaction(logging.getLogger("websockets.server")),  # debug logs show ?token= handshakes
+        # Debug logs show ?token= handshakes; websockets' per-request INFO lines are DEBUG here (server/logs.py).
+        logger=quiet_requests(install_redaction(logging.getLogger("websockets.server"))),
     )
+
+
+def openai_listener_options(app: Server) -> dict[str, Any]:
+    """The stream port also takes POSTs (server/http_body.py, which applies the opening-handshake timeout
+    itself) and offers the Realtime endpoint's subprotocol (server/openai_realtime.py)."""
+    from . import openai_http, openai_realtime
+    from .http_body import connection_class
+
+    return dict(create_connection=connection_class(functools.partial(openai_http.handle, app)), open_timeout=None,
+                select_subprotocol=openai_realtime.select_subprotocol)
 
 
 def engine_options(config: ServerConfig) -> EngineOptions:
@@ -69,7 +83,10 @@ class Server:
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
         self.segmenter_options = segmenter_options(config)
         self.engine = engine
-        self.model_name = read_model_directory(config.model).manifest.name
+        self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
+        self.model_name = self.model.manifest.name
+        # The server-wide hotwords (--hotwords FILE), added to every stream's own; ValueError when bad.
+        self.hotwords = read_hotwords_file(config.hotwords, self.model.tokens) if config.hotwords else ()
         self.worker: Worker | None = None
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
@@ -93,6 +110,11 @@ class Server:
     @property
     def provider(self) -> str:
         return self.engine.provider if self.ready else "loading"
+
+    def hotword_graph(self, words: tuple[Hotword, ...]) -> Any:
+        """A stream's ContextGraph: the server's hotwords and its own (None: none, greedy decoding)."""
+        merged = merge_hotwords(self.hotwords, words)
+        return self.engine.hotword_graph(merged) if merged else None
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         """/readyz: 503 while warming up, shutting down or full; else 200. Always JSON."""
@@ -152,12 +174,14 @@ class Server:
             process_request=functools.partial(process_request, self),
             ssl=self._ssl_context(),
             **listener_options(self.config),
+            **openai_listener_options(self),
         )
         self._listeners.append(server)
         self.port = server.sockets[0].getsockname()[1]
         scheme = "wss" if self.config.certfile else "ws"
         log.info("listening on %s://%s:%d%s (model %s, loading)", scheme, self.config.host, self.port,
                  STREAM_PATH, self.model_name)
+        log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())
         self.listening.set()
@@ -193,7 +217,10 @@ class Server:
         await self._should_exit.wait()
 
     async def _handle(self, ws: ServerConnection) -> None:
-        await self.serve_stream(Connection(self, ws))
+        from .openai_realtime import REALTIME_PATH, RealtimeConnection
+
+        realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
+        await self.serve_stream(RealtimeConnection(self, ws) if realtime else Connection(self, ws))
 
     async def serve_stream(self, connection: StreamConnection) -> None:
         """Run one stream (of either endpoint) to its end; a graceful shutdown waits for it to drain."""

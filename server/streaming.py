@@ -28,6 +28,7 @@ from pipeline.segmenter import PartialDue, SegmentFinished
 from pipeline.stream import StreamSession
 
 from .http import client_address, token_matches
+from .logs import StreamLog
 from .protocol import (
     CLOSE_INTERNAL,
     CLOSE_INVALID_PAYLOAD,
@@ -178,25 +179,28 @@ class StreamConnection:
 
     async def run(self) -> None:
         self._sender = asyncio.create_task(self._send_loop())
+        ending = StreamLog(self)  # one line as the stream starts, one as it ends (server/logs.py)
         try:
             self.app.admit(self)
+            ending.started()
             try:
                 await self._serve()
             finally:
                 self.app.release(self)
         except UnipadError as exc:
-            self.log.info("%s %s: %s (%s)", self.log_name, self.id, exc, exc.code)
+            ending.fail(exc.code, str(exc))
             await self._close(close_code(exc), exc.code, self._error(exc.code, str(exc)))
         except (ConnectionClosed, _Gone):
-            self.log.info("%s %s: %s", self.log_name, self.id, self.went_away)
+            ending.reason = self.went_away
         except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
-            self.log.exception("%s %s: internal error", self.log_name, self.id)
+            ending.fail("internal_error", f"internal error ({type(exc).__name__})", bug=exc)
             await self._close(CLOSE_INTERNAL, "internal_error",
                               self._error("internal_error", self.internal_message.format(type(exc).__name__)))
         finally:
             self._release_jobs()
             if not self._sender.done():
                 self._sender.cancel()
+            ending.ended()
 
     async def _serve(self) -> None:
         raise NotImplementedError
@@ -262,9 +266,7 @@ class StreamConnection:
         if expected is None or getattr(self.ws, "authenticated", False):
             return
         if not token_matches(expected, given):
-            address = client_address(self.ws)
-            self.app.auth_failures.record(address)
-            self.log.warning("%s %s: %s token from %s", self.log_name, self.id, "wrong" if given else "no", address)
+            self.app.auth_failures.record(client_address(self.ws))  # the stream's end line logs it (WARNING)
             raise AuthenticationError(f"missing or wrong token (send it {where}, ?token= or Authorization)")
 
     async def _feed_audio(self, data: bytes) -> None:
@@ -275,7 +277,7 @@ class StreamConnection:
             events = self.session.feed(data)
         except AudioFormatError as exc:  # malformed payload (odd length, NaN): 1007, not 1003
             raise ProtocolError(str(exc), code="invalid_audio") from None
-        self._arrivals.append((self.session.received_seconds, arrived))
+        self._arrivals.append((self.session.stream_seconds, arrived))
         await self._handle(events)
 
     def _speech_end_arrival(self, end: float) -> float:

@@ -6,7 +6,9 @@ segment is decoded. Scheduling, all under one lock:
   * at most one pending partial per session: a newer partial replaces the waiting one, a final for the
     same segment discards it; partials run only when no final waits, oldest session first;
   * a final is never dropped; the connection bounds how many finals one session may have in flight,
-    so the finals queue is bounded by sessions x that bound.
+    so the finals queue is bounded by sessions x that bound;
+  * BATCH jobs (segments of an uploaded file, server/openai_http.py) run after every waiting final and take
+    turns with partials, so a long file never starves live streams' finals or partials.
 Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 FINAL = "final"
 PARTIAL = "partial"
+BATCH = "batch"
 
 
 @dataclass(eq=False)
@@ -43,7 +46,7 @@ class Job:
     """
 
     session: str
-    kind: str  # FINAL or PARTIAL
+    kind: str  # FINAL, PARTIAL or BATCH
     segment: int
     start: float
     end: float
@@ -52,6 +55,7 @@ class Job:
     deliver: Callable[["Job", Any, UnipadError | None], None]
     language: str = "auto"
     itn: bool = False
+    hotwords: Any = None  # the stream's ContextGraph (pipeline/hotwords.py); None: greedy decoding
     arrived: float = 0.0
     cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
     submitted: float = field(default_factory=time.monotonic)
@@ -69,6 +73,8 @@ class Worker:
         self._cond = threading.Condition()
         self._finals: deque[Job] = deque()
         self._partials: OrderedDict[str, Job] = OrderedDict()  # session -> its one pending partial
+        self._batch: deque[Job] = deque()  # bounded by each upload's own jobs in flight
+        self._partials_turn = True  # partials and batch jobs alternate when both wait
         self._stopping = False
         self._rebuilds = 0  # engine rebuilds already counted in the metric
         self._thread = threading.Thread(target=self._run, name="unipad-worker", daemon=True)
@@ -90,6 +96,8 @@ class Worker:
                     del self._partials[job.session]
                     self.metrics.partials_dropped.inc()
                 self._finals.append(job)
+            elif job.kind == BATCH:
+                self._batch.append(job)
             else:
                 if job.session in self._partials:
                     self.metrics.partials_dropped.inc()
@@ -105,6 +113,7 @@ class Worker:
                 if job.session == session:
                     job.cancelled = True
             self._finals = deque(j for j in self._finals if not j.cancelled)
+            self._batch = deque(j for j in self._batch if j.session != session)
             self._update_depth()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -118,13 +127,14 @@ class Worker:
     @property
     def depth(self) -> int:
         with self._cond:
-            return len(self._finals) + len(self._partials)
+            return len(self._finals) + len(self._partials) + len(self._batch)
 
     # ---- worker thread -------------------------------------------------------------------------------
 
     def _update_depth(self) -> None:
         self.metrics.queue_depth.labels(FINAL).set(len(self._finals))
         self.metrics.queue_depth.labels(PARTIAL).set(len(self._partials))
+        self.metrics.queue_depth.labels(BATCH).set(len(self._batch))
 
     def _call_loop(self, callback: Callable[..., Any], *args: Any) -> None:
         try:
@@ -149,11 +159,16 @@ class Worker:
 
     def _next_job(self) -> Job | None:
         with self._cond:
-            while not self._stopping and not self._finals and not self._partials:
+            while not self._stopping and not self._finals and not self._partials and not self._batch:
                 self._cond.wait()
             if self._stopping:
                 return None
-            job = self._finals.popleft() if self._finals else self._partials.popitem(last=False)[1]
+            if self._finals:
+                job = self._finals.popleft()
+            elif self._partials and (self._partials_turn or not self._batch):
+                job, self._partials_turn = self._partials.popitem(last=False)[1], False
+            else:
+                job, self._partials_turn = self._batch.popleft(), True
             self._update_depth()
             return job
 
@@ -163,8 +178,9 @@ class Worker:
         began = time.perf_counter()
         transcript, error = None, None
         try:
+            biasing = {"hotwords": job.hotwords} if job.hotwords is not None else {}
             transcript = self.engine.transcribe(job.audio, language=job.language, itn=job.itn,
-                                                offset=job.audio_start)
+                                                offset=job.audio_start, **biasing)
         except UnipadError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - one bad segment must not stop the worker

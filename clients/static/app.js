@@ -5,7 +5,6 @@
 // server/protocol.py STREAM_PATH, resolved against the page so a reverse proxy's path prefix still works.
 const STREAM_PATH = "v1/stream";
 const TARGET_RATE = 16000; // the worklet's output rate (pipeline/audio.py SAMPLE_RATE)
-const MAX_PENDING_FRAMES = 50; // 5 s of audio kept while waiting for `ready`
 const STOP_TIMEOUT_MS = 60000; // the last final of a 30 s segment on a slow CPU
 const CLOSE_REASONS = {
   1001: "the server is shutting down",
@@ -21,12 +20,13 @@ const CLOSE_REASONS = {
 const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("controls"), start: $("start"), stop: $("stop"), token: $("token"), language: $("language"),
-  itn: $("itn"), state: $("state"), level: $("level"), levelBar: $("level-bar"), errors: $("errors"),
+  itn: $("itn"), hotwords: $("hotwords"), state: $("state"), level: $("level"), levelBar: $("level-bar"),
+  errors: $("errors"),
   finals: $("finals"), partial: $("partial"), empty: $("empty"), session: $("session"),
 };
 
-let current = null; // the running session: {ws, media, context, node, ready, done, pending, stopTimer}
-const stats = { partials: 0, finals: 0, errors: 0, done: 0, maxLevel: 0 }; // counts since load, for tests
+let current = null; // the running session: {ws, media, context, node, ready, done, backlog, stopTimer}
+const stats = { partials: 0, finals: 0, errors: 0, done: 0, maxLevel: 0, resumes: 0 }; // counts since load, for tests
 
 function streamUrl(token) {
   const override = new URLSearchParams(location.search).get("server"); // ?server=wss://host/v1/stream
@@ -43,7 +43,7 @@ function setState(state, text) {
   const busy = state === "connecting" || state === "listening" || state === "stopping";
   ui.start.disabled = busy;
   ui.stop.disabled = !(state === "connecting" || state === "listening");
-  for (const el of [ui.token, ui.language, ui.itn]) el.disabled = busy;
+  for (const el of [ui.token, ui.language, ui.itn, ui.hotwords]) el.disabled = busy;
 }
 
 function showError(text) {
@@ -81,11 +81,15 @@ function onServerMessage(session, text) {
   switch (msg.type) {
     case "ready":
       session.ready = true;
-      setState("listening", "Listening");
-      ui.session.textContent = `Session ${msg.session} · model ${msg.model} · ${msg.provider}`;
-      for (const pcm of session.pending) session.ws.send(pcm);
-      session.pending = [];
-      if (session.stopRequested) sendStop(session);
+      session.attempts = 0;
+      if (!session.stream) { // a resumed connection keeps the stream's first session id
+        session.stream = msg.session;
+        ui.session.textContent = `Session ${msg.session} · model ${msg.model} · ${msg.provider}`;
+      }
+      if (!session.stopRequested) setState("listening", "Listening");
+      // The audio captured while connecting, or on a resume what no final covers yet (resume.js).
+      for (const pcm of session.backlog.pending()) session.ws.send(pcm);
+      if (session.stopRequested && !session.media) sendStop(session);
       break;
     case "partial":
       stats.partials += 1;
@@ -95,6 +99,7 @@ function onServerMessage(session, text) {
       break;
     case "final": {
       stats.finals += 1;
+      session.backlog.cover(msg.segment, msg.end);
       if (Number(ui.partial.dataset.segment) <= msg.segment) {
         ui.partial.textContent = "";
         delete ui.partial.dataset.segment;
@@ -115,6 +120,8 @@ function onServerMessage(session, text) {
       break;
     }
     case "error":
+      if (msg.segment != null) session.backlog.cover(msg.segment, null);
+      else if (RESUMABLE_ERRORS.includes(msg.code)) { session.retry = true; break; } // resumed on close
       showError(`Server error ${msg.code}: ${msg.message}` + (msg.segment != null ? ` (segment ${msg.segment})` : ""));
       break;
     case "done":
@@ -140,6 +147,7 @@ function sendStop(session) {
   session.ws.send(JSON.stringify({ type: "stop" }));
   session.stopTimer = setTimeout(() => {
     showError("No answer from the server after stop; closing.");
+    session.abandoned = true;
     session.ws.close(1000);
   }, STOP_TIMEOUT_MS);
 }
@@ -149,8 +157,8 @@ function onAudioFrame(session, data) {
   if (session.stopRequested && !data.last) return; // frames after Stop are not sent
   const pcm = data.pcm;
   if (pcm && pcm.byteLength > 0) {
+    session.backlog.add(pcm); // kept until a final covers it: a resume re-sends it (resume.js)
     if (session.ready && session.ws.readyState === WebSocket.OPEN) session.ws.send(pcm);
-    else if (session.pending.length < MAX_PENDING_FRAMES) session.pending.push(pcm);
   }
   if (data.last) {
     releaseAudio(session);
@@ -177,13 +185,23 @@ async function startAudio(session) {
   if (session.context.state === "suspended") await session.context.resume();
 }
 
+// "save, turn on:2.5" -> ["save", {text: "turn on", boost: 2.5}]; the server checks them (bad_start).
+function parseHotwords(value) {
+  return value.split(",").map((s) => s.trim()).filter(Boolean).map((item) => {
+    const match = /^(.+):\s*(\d+(?:\.\d+)?)$/.exec(item);
+    return match ? { text: match[1].trim(), boost: Number(match[2]) } : item;
+  });
+}
+
 async function start() {
   ui.errors.replaceChildren();
   setState("connecting", "Connecting…");
   const token = ui.token.value.trim();
   const url = streamUrl(token);
-  const session = { ws: null, ready: false, done: false, opened: false, pending: [], stopRequested: false,
-                    stopSent: false, stopTimer: null, media: null, context: null, node: null };
+  const session = { ws: null, ready: false, done: false, opened: false, stopRequested: false,
+                    stopSent: false, stopTimer: null, media: null, context: null, node: null,
+                    backlog: new UnipadBacklog(TARGET_RATE, 2), stream: null, attempts: 0, retry: false,
+                    abandoned: false };
   current = session;
   try {
     await startAudio(session);
@@ -200,24 +218,46 @@ async function start() {
     current = null;
     return;
   }
+  openSocket(session, url, token);
+}
+
+function openSocket(session, url, token) {
   const ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
   session.ws = ws;
   ws.onopen = () => {
     session.opened = true;
     const startMessage = { type: "start", sample_rate: TARGET_RATE, format: "s16le", channels: 1,
-                           language: ui.language.value, itn: ui.itn.checked, partials: true };
+                           language: ui.language.value, itn: ui.itn.checked, partials: true, resumable: true };
     if (token) startMessage.token = token;
+    const hotwords = parseHotwords(ui.hotwords.value);
+    if (hotwords.length) startMessage.hotwords = hotwords;
+    if (session.stream) startMessage.resume = session.backlog.resume(session.stream);
     ws.send(JSON.stringify(startMessage));
   };
   ws.onmessage = (event) => {
     if (typeof event.data === "string") onServerMessage(session, event.data);
   };
-  ws.onclose = (event) => onClose(session, event, url);
+  ws.onclose = (event) => onClose(session, event, url, token);
 }
 
-function onClose(session, event, url) {
+// A server that drains (1001), fails or vanishes: the stream goes on through another connection.
+function resumeOnClose(session, event, url, token) {
+  const resumable = session.retry || (session.stream && !FATAL_CLOSES.includes(event.code));
+  if (session.done || session.abandoned || !resumable || current !== session) return false;
+  if (session.attempts >= RESUME_ATTEMPTS) return false;
+  session.attempts += 1;
+  session.ready = session.stopSent = session.retry = false;
+  stats.resumes += 1;
+  if (session.stopRequested) setState("stopping", "Finishing… (reconnecting)");
+  else setState("connecting", "Reconnecting…");
+  setTimeout(() => openSocket(session, url, token), resumeDelayMs(session.attempts));
+  return true;
+}
+
+function onClose(session, event, url, token) {
   clearTimeout(session.stopTimer);
+  if (resumeOnClose(session, event, url, token)) return;
   releaseAudio(session);
   const clean = session.done && (event.code === 1000 || event.code === 1005);
   if (!clean) {

@@ -11,6 +11,7 @@ import soundfile
 from client_testkit import ARTIFACTS, ROOT, knows_words, normalise
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.modeldir import read_model_directory
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt install chromium)")
@@ -61,6 +62,25 @@ async def stats(page) -> dict:
     return await page.evaluate("() => ({...window.unipad.stats})")
 
 
+async def check_model_notice(page, model_dir: Path) -> str:
+    """The page names the served model before anyone speaks: the manifest's notice (a demo model says what
+    it knows), else its languages; the model card link opens the directory's README.md."""
+    manifest = read_model_directory(model_dir).manifest
+    box = page.locator("#model")
+    await box.wait_for(state="visible", timeout=WAIT_MS)
+    shown = await box.inner_text()
+    assert shown.startswith(f"Model {manifest.name}"), shown
+    assert manifest.notice in shown if manifest.notice else "languages: " in shown, shown
+    links = box.get_by_role("link", name="model card")
+    if (model_dir / "README.md").is_file():
+        href = await links.get_attribute("href")
+        card = await page.evaluate("async (href) => (await fetch(href)).text()", href)
+        assert card == (model_dir / "README.md").read_text(encoding="utf-8")
+    else:
+        assert await links.count() == 0
+    return shown
+
+
 async def test_page_transcribes_the_microphone(serve_test_server, browser, speech, test_model_dir):
     async with serve_test_server(partial_interval=0.3) as url:
         page = await browser.new_page()
@@ -68,6 +88,7 @@ async def test_page_transcribes_the_microphone(serve_test_server, browser, speec
         page.on("pageerror", lambda exc: page_errors.append(str(exc)))
         await page.goto(url.http + "/")
         assert await page.title() == "Unipad ASR"
+        notice = await check_model_notice(page, test_model_dir)
         await page.get_by_role("button", name="Start").click()
         await page.wait_for_selector('#state[data-state="listening"]', timeout=WAIT_MS)
         assert "Session" in await page.inner_text("#session")
@@ -87,6 +108,8 @@ async def test_page_transcribes_the_microphone(serve_test_server, browser, speec
     assert counts["finals"] >= n and len(finals) <= counts["finals"]  # empty finals are not listed
     assert all(t.count(":") == 2 for t in times), times  # "0:00.6–0:02.2"
     assert shot.stat().st_size > 0
+    if knows_words(test_model_dir):  # the shipped demo model warns that it knows only a few English words
+        assert "demo model" in notice and "SenseVoiceSmall" in notice, notice
     if knows_words(test_model_dir):
         assert [normalise(t) for t in finals[:n]] == [normalise(u["text"]) for u in speech.utterances]
 

@@ -10,7 +10,8 @@ import soxr
 import websockets
 from client_testkit import knows_words, normalise
 
-from clients.client import ClientError, ConnectError, ServerError, StreamClosedError, connect, stream_url, to_pcm
+from clients.client import (ClientError, ConnectError, ServerError, StreamClosedError, connect, stream_endpoint, stream_url,
+                            to_pcm)
 from pipeline.audio import SAMPLE_RATE
 from server.protocol import CLOSE_TRY_AGAIN, Done, Final, Partial
 
@@ -100,6 +101,30 @@ def test_to_pcm_scales_and_clips() -> None:
 def test_token_goes_in_the_query() -> None:
     assert stream_url("ws://h:1/v1/stream", None) == "ws://h:1/v1/stream"
     assert stream_url("ws://h:1/v1/stream?a=1&token=old", "s e/cret") == "ws://h:1/v1/stream?a=1&token=s+e%2Fcret"
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("127.0.0.1:9000", "ws://127.0.0.1:9000/v1/stream"),
+    ("localhost", "ws://localhost:8765/v1/stream"),  # a bare host: the server's default port
+    ("[::1]:9000", "ws://[::1]:9000/v1/stream"),
+    ("ws://h:1", "ws://h:1/v1/stream"),
+    ("ws://h:1/?token=t", "ws://h:1/v1/stream?token=t"),
+    ("http://h:1/", "ws://h:1/v1/stream"),  # the page's address, pasted
+    ("https://asr.example.org", "wss://asr.example.org/v1/stream"),
+    ("wss://h/prefix/v1/stream", "wss://h/prefix/v1/stream"),
+    ("ws://h:1/wrong", "ws://h:1/wrong"),  # a path is kept: the server's 404 names the right one
+])
+def test_url_as_people_type_it(typed: str, meant: str) -> None:
+    assert stream_endpoint(typed) == meant
+
+
+async def test_bare_host_port_streams_and_a_wrong_path_is_refused(serve_test_server, speech):
+    async with serve_test_server() as url:
+        async with connect(f"127.0.0.1:{url.port}") as stream:
+            await stream.send(speech.audio[:SAMPLE_RATE])
+            await stream.stop()
+        with pytest.raises(ConnectError, match="404.*/v1/stream"):
+            await connect(f"ws://127.0.0.1:{url.port}/stream")
 
 
 async def test_right_token_is_accepted(serve_test_server, speech):

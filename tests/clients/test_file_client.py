@@ -1,8 +1,10 @@
 """clients/file.py as a user runs it (a subprocess) against a real server: every format, every failure."""
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
+import sys
 
 import numpy as np
 import pytest
@@ -83,6 +85,29 @@ async def test_server_error_is_one_line(serve_test_server):
     async with serve_test_server() as url:  # a language the model does not know: `error` bad_start
         run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--language", "klingon")
     assert_one_line_error(run, "bad_start", "klingon")
+
+
+async def test_url_without_path_means_the_stream_endpoint(serve_test_server):
+    async with serve_test_server() as url:
+        bare = await run_script("clients/file.py", FIXTURE, "--url", f"127.0.0.1:{url.port}", "--fast")
+        assert bare.returncode == 0 and bare.stdout, bare
+        wrong = await run_script("clients/file.py", FIXTURE, "--url", f"ws://127.0.0.1:{url.port}/stream", "--fast")
+    assert_one_line_error(wrong, "404", "use /v1/stream")
+
+
+async def test_closed_stdout_ends_quietly_with_141(serve_test_server, speech, tmp_path):
+    """`file.py ... | head -n 1`: head exits after the first cue's first line; the next final's write finds
+    the pipe closed. The client ends quietly, as Unix tools do (141 = 128 + SIGPIPE)."""
+    clip = tmp_path / "two.wav"  # two utterances, sent at real-time pace: the second final comes later
+    soundfile.write(clip, speech.audio[:int((speech.utterances[1]["end"] + 0.8) * SAMPLE_RATE)], SAMPLE_RATE)
+    async with serve_test_server() as url:
+        shell = (f'"{sys.executable}" clients/file.py "{clip}" --url {url} --format srt | head -n 1; '
+                 'echo "statuses ${PIPESTATUS[*]}"')
+        proc = await asyncio.create_subprocess_exec("bash", "-c", shell, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert out.decode().splitlines() == ["1", "statuses 141 0"], (out, err)
+    assert err.decode() == ""  # no "error: ... BrokenPipeError", no "Exception ignored"
 
 
 async def test_unreachable_server():

@@ -52,14 +52,14 @@ async def test_stream_capture_until_stopped_prints_the_last_final(serve_test_ser
     finished = threading.Event()
     stopping = asyncio.Event()
     out = io.StringIO()
-    args = argparse.Namespace(url=None, token=None, language="auto", itn=False)
+    args = argparse.Namespace(url=None, token=None, language="auto", itn=False, hotword=[])
 
     async def press_ctrl_c_when_played() -> None:  # what mic.py's SIGINT handler does
         await asyncio.to_thread(finished.wait)
         stopping.set()
 
     async with serve_test_server(partial_interval=0.3) as url:
-        args.url = url
+        args.url = f"127.0.0.1:{url.port}"  # a bare host:port, as people type it
         presser = asyncio.create_task(press_ctrl_c_when_played())
         status = await stream_capture(thread_capture(audio, DEVICE_RATE, finished), DEVICE_RATE, args,
                                       ResultWriter("jsonl", out, live=False), stopping)

@@ -102,6 +102,7 @@ def test_random_tiny_export_and_verify_pass(tiny_model_dir: Path) -> None:
     model = read_model_directory(tiny_model_dir)
     assert set(model.manifest.files) == {"fp32", "int8"}
     assert model.manifest.source["kind"] == "random-init" and model.manifest.dimensions["vocab_size"] == len(model.tokens)
+    assert "recognises no speech" in model.manifest.notice  # what the page and the log say about it
     done = run_cli("verify", str(tiny_model_dir))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = last_json(done.stdout)
@@ -128,7 +129,7 @@ def test_checkpoint_export_matches_funasr(tmp_path: Path) -> None:
     done = run_cli("sensevoice", "--checkpoint", str(checkpoint), "--out", str(out), "--precision", "fp32")
     assert done.returncode == 0, done.stderr[-3000:]
     model = read_model_directory(out)
-    assert model.manifest.source["kind"] == "checkpoint"
+    assert model.manifest.source["kind"] == "checkpoint" and model.manifest.notice == ""  # name + languages
     assert list(model.tokens) == pieces
     assert {model.tokens[i] for ids in model.manifest.tag_tokens.values() for i in ids} == set(TAGS)
     conf = PARITY_CONFIG["model"]["encoder_conf"]

@@ -12,6 +12,7 @@ import pytest
 
 from export import synth
 from pipeline.audio import SAMPLE_RATE
+from export.demo_card import demo_notice
 from export.evaluate import word_errors
 from export.demo_data import cmvn_from, length_batches
 from export.train_demo import TrainOptions, build_model, demo_tokens, train, training_precision
@@ -178,6 +179,7 @@ def test_one_step_smoke_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["training"]["steps"] == 1
+    assert manifest["notice"] == demo_notice()  # the page's and the log's line about the demo model
     assert {"model.onnx", "model.int8.onnx", "tokens.txt", "README.md"} <= {p.name for p in out.iterdir()}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
 

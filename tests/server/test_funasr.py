@@ -25,7 +25,6 @@ from server.funasr_protocol import (
     Word,
     final_message,
     join_texts,
-    online_delta,
     parse_control,
     tagged_text,
     timestamp_string,
@@ -116,34 +115,52 @@ async def read_until_final(ws: Any, messages: list[dict], timeout: float = 60) -
     await asyncio.wait_for(read(), timeout)
 
 
-async def test_2pass_real_time_stream(serve_test_server, recording, test_model_dir):
-    """A microphone-like client: 60 ms chunks at real-time pace, partials and corrected finals."""
+async def stream_at_real_time(url: Any, first: dict, data: bytes) -> list[dict]:
+    """Send `first`, then `data` in 60 ms chunks at real-time pace and the end; every message until is_final."""
+    step = SAMPLE_RATE * CHUNK_MS // 1000 * 2
+    messages: list[dict] = []
+    async with websockets.connect(funasr_url(url), subprotocols=["binary"]) as ws:
+        assert ws.subprotocol == "binary"
+        await ws.send(json.dumps(first))
+        reader = asyncio.ensure_future(read_until_final(ws, messages))
+        began = time.monotonic()
+        for n, i in enumerate(range(0, len(data), step)):
+            await asyncio.sleep(max(0.0, began + n * CHUNK_MS / 1000 - time.monotonic()))
+            await ws.send(data[i:i + step])
+        await ws.send(json.dumps({"is_speaking": False}))
+        await reader
+    return messages
+
+
+async def test_2pass_and_online_real_time_streams(serve_test_server, recording, test_model_dir):
+    """Microphone-like clients (60 ms chunks at real-time pace, partials on) in 2pass and online mode at once:
+    2pass sends partials and corrected finals, each segment's 2pass-online texts the start of its final;
+    online texts, appended as FunASR's clients do, give every word of the finals (nothing lost)."""
     first = {"mode": "2pass", "wav_name": "three", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
              "is_speaking": True, "chunk_size": [5, 10, 5], "chunk_interval": 10,
              "hotwords": json.dumps({"window": 20}), "itn": True, "encoder_chunk_look_back": 4}
-    data, step = pcm16(recording.audio), SAMPLE_RATE * CHUNK_MS // 1000 * 2
-    messages: list[dict] = []
+    data = pcm16(recording.audio)
     async with serve_test_server(funasr_port=0, partial_interval=0.3) as url:
-        async with websockets.connect(funasr_url(url), subprotocols=["binary"]) as ws:
-            assert ws.subprotocol == "binary"
-            await ws.send(json.dumps(first))
-            reader = asyncio.ensure_future(read_until_final(ws, messages))
-            began = time.monotonic()
-            for n, i in enumerate(range(0, len(data), step)):
-                await asyncio.sleep(max(0.0, began + n * CHUNK_MS / 1000 - time.monotonic()))
-                await ws.send(data[i:i + step])
-            await ws.send(json.dumps({"is_speaking": False}))
-            await reader
+        messages, online = await asyncio.gather(stream_at_real_time(url, first, data),
+                                                stream_at_real_time(url, {**first, "mode": "online"}, data))
     finals = split_results(messages, "2pass-offline", "three")
     check_segment_times([(f["start_time"], f["end_time"]) for f in finals], recording.utterances)
     modes = [m["mode"] for m in messages]
     assert set(modes) == {"2pass-online", "2pass-offline"}
-    for i, final_at in enumerate(j for j, mode in enumerate(modes) if mode == "2pass-offline"):
-        previous = modes.index("2pass-offline") if i else -1
-        assert "2pass-online" in modes[previous + 1:final_at], f"no 2pass-online before final {i}"
+    finals_at = [j for j, m in enumerate(messages) if m["mode"] == "2pass-offline" and "start_time" in m]
+    assert "2pass-online" in modes[:finals_at[-1]]  # live text (per segment once two partials agree)
+    for previous, final_at in zip([-1] + finals_at, finals_at):
+        appended = "".join(m["text"] for m in messages[previous + 1:final_at])
+        assert messages[final_at]["text"].startswith(appended), (appended, messages[final_at])
     assert all(m["text"] and m["wav_name"] == "three" for m in messages if m["mode"] == "2pass-online")
+    assert {m["mode"] for m in online} == {"online"} and online[-1]["is_final"] is True
+    assert [m["is_final"] for m in online[:-1]] == [False] * (len(online) - 1)
+    shown = "".join(m["text"] for m in online)  # what FunASR's client prints
     if knows_words(test_model_dir):
         assert [normalise(f["text"]) for f in finals] == [normalise(u["text"]) for u in recording.utterances]
+        assert normalise(shown) == normalise(" ".join(u["text"] for u in recording.utterances))
+    else:
+        assert shown.strip()
 
 
 async def test_offline_files_on_one_connection(serve_test_server, recording, test_model_dir):
@@ -319,23 +336,26 @@ def test_results_in_funasr_shapes():
     assert message["mode"] == "2pass-offline" and (message["start_time"], message["end_time"]) == (600, 1500)
     assert message["stamp_sents"] == [{"text_seg": "Hello world", "punc": ".", "start": 600, "end": 1500,
                                        "ts_list": [[600, 900], [960, 1500]]}]
-    assert online_delta("", "please") == "please" and online_delta("please", "please open") == " open"
-    assert online_delta("please open", "please opened") == "ed" and online_delta("please", "pleased") == "d"
-    assert online_delta("please open", "please") is None and online_delta("a b", "x b c") is None
     assert join_texts(["你好。", "再见。", "Hi.", "", "There."]) == "你好。再见。Hi. There."
 
 
 def test_online_texts_are_deltas():
-    """FunASR's clients append online texts: snapshots become deltas, a segment's final sends what is left."""
+    """FunASR's clients append online texts: partials send what two agree on (never the last word), and a
+    segment's final sends the rest of its text after what was sent, keeping what was sent."""
     online = ResultWriter(FunasrConfig(mode="online", wav_name="m"))
-    texts = [online.partial(0, "please"), online.partial(0, "please open"), online.partial(0, "please"),
-             online.final(SegmentResult(0, "please open the window", 0.5, 2.0), False),
+    texts = [online.partial(0, "please"), online.partial(0, "please open"), online.partial(0, "please open the"),
+             online.partial(0, "please"), online.final(SegmentResult(0, "please open the window", 0.5, 2.0), False),
              online.partial(1, "seven"), online.final(SegmentResult(1, "seven", 3.0, 4.0), True)]
-    assert [t and t["text"] for t in texts] == ["please", " open", None, " the window", " seven", ""]
-    assert [t and t["mode"] for t in texts if t] == ["online"] * 5 and texts[-1]["is_final"] is True
+    assert [t and t["text"] for t in texts] == [None, "please", " open", None, " the window", None,
+                                                " seven"]
+    assert [t and t["mode"] for t in texts if t] == ["online"] * 4 and texts[-1]["is_final"] is True
     assert online.final(SegmentResult(2, "", 5.0, 6.0), False) is None  # nothing new, not the last
+    # The final revises a sent word ("close" -> "closed"): what was sent stays, the rest follows it.
+    revised = [online.partial(3, "close the"), online.partial(3, "close the door"),
+               online.final(SegmentResult(3, "closed the door now", 6.0, 7.0), False)]
+    assert [t and t["text"] for t in revised] == [None, " close the", " door now"]
     two_pass = ResultWriter(FunasrConfig(mode="2pass", wav_name="m"))
-    assert two_pass.partial(0, "hi")["mode"] == "2pass-online"
-    assert two_pass.partial(1, "there")["text"] == "there"  # 2pass clients reset online text per segment
-    final = two_pass.final(SegmentResult(1, "there", 1.0, 2.0), True)
-    assert final["mode"] == "2pass-offline" and final["text"] == "there" and final["is_final"] is True
+    assert two_pass.partial(0, "hi") is None and two_pass.partial(0, "hi there")["mode"] == "2pass-online"
+    assert two_pass.partial(1, "there") is None and two_pass.partial(1, "there now")["text"] == "there"
+    final = two_pass.final(SegmentResult(1, "their now", 1.0, 2.0), True)  # 2pass clients reset per segment
+    assert final["mode"] == "2pass-offline" and final["text"] == "there now" and final["is_final"] is True

@@ -1,0 +1,235 @@
+"""OpenAI's speech-to-text HTTP API on the stream port: POST /v1/audio/transcriptions, GET /v1/models.
+
+An upload is decoded (soundfile: any format, rate and channel count it reads), cut by the same VAD
+(StreamSession, no partials) and decoded by the same worker as live streams, as BATCH jobs: after every
+waiting final, taking turns with partials (server/worker.py), at most FILE_JOBS_IN_FLIGHT at a time, so a
+long file neither starves live streams nor fills the queue. It counts as one session against
+--max-sessions while it runs. The shapes live in server/openai_shapes.py; POST bodies reach us through
+server/http_body.py. Errors are OpenAI's error object with the status its clients expect.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import h11
+from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Request, Response
+
+from pipeline.audio import SAMPLE_RATE, AudioFormat
+from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
+from pipeline.segmenter import SegmentFinished
+from pipeline.stream import StreamSession
+
+from .funasr import decode_file
+from .http import client_address, json_response, request_token, token_matches
+from .http_body import BodyTooLarge, HttpExchange, HttpRequest
+from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
+                            model_object, models_body, parse_form, response_body)
+from .protocol import Final, TokenTime
+from .worker import BATCH, Job
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+MODELS_PATH = "/v1/models"
+MAX_UPLOAD_BYTES = 25 << 20  # OpenAI's own limit for this endpoint (25 MB); larger bodies get 413
+FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (the worker stays busy)
+FEED_SECONDS = 10  # the segmenter reads an upload 10 s at a time, off the event loop
+JOB_TIMEOUT = 120.0  # seconds one segment may wait for the worker before the request fails (503)
+DEFAULT_LANGUAGE = "auto"
+
+
+def error_response(error: ApiError) -> Response:
+    return json_response(error.status, error.body())
+
+
+def authorize(app: Server, connection: ServerConnection, request: Request) -> None:
+    """The token policy for API requests: OpenAI's clients always send `Authorization: Bearer`; a missing
+    or wrong token is 401, an address in its cooldown 429 (server/access.py)."""
+    if app.config.token is None:
+        return
+    address = client_address(connection)
+    wait = app.auth_failures.blocked(address)
+    if wait:
+        app.metrics.sessions_refused.labels("auth_cooldown").inc()
+        raise ApiError(429, f"too many failed authentications; retry in {wait:.0f} s", code="rate_limit_exceeded")
+    if not token_matches(app.config.token, request_token(request)):
+        app.auth_failures.record(address)
+        app.metrics.sessions_refused.labels("unauthorized").inc()
+        raise ApiError(401, "Incorrect API key provided (send the server's --token as the API key)",
+                       code="invalid_api_key")
+
+
+def check_origin(app: Server, headers: Any) -> None:
+    """Browsers send Origin: with --allowed-origin set, other origins may not use the API."""
+    origin = headers.get("Origin")
+    if origin is not None and app.config.allowed_origins and origin not in app.config.allowed_origins:
+        raise ApiError(403, f"origin {origin!r} is not allowed", code="origin_not_allowed")
+
+
+def get_response(app: Server, connection: ServerConnection, request: Request, path: str) -> Response:
+    """GET /v1/models and /v1/models/<id> (websockets' process_request answers these)."""
+    try:
+        check_origin(app, request.headers)
+        authorize(app, connection, request)
+        if path == MODELS_PATH:
+            return json_response(200, models_body(app.model_name))
+        if path == f"{MODELS_PATH}/{app.model_name}":
+            return json_response(200, model_object(app.model_name))
+        if path.startswith(MODELS_PATH + "/"):
+            raise ApiError(404, f"The model '{path[len(MODELS_PATH) + 1:]}' does not exist", param="model",
+                           code="model_not_found")
+        raise ApiError(404, f"Invalid URL (GET {path})")
+    except ApiError as exc:
+        return error_response(exc)
+
+
+async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> None:
+    """Any request other than a GET on the stream port (server/http_body.py)."""
+    path = request.path.split("?", 1)[0]
+    try:
+        if path != TRANSCRIPTIONS_PATH:
+            raise ApiError(404, f"Invalid URL ({request.method} {path})")
+        if request.method != "POST":
+            raise ApiError(405, f"{request.method} is not allowed on {path}; use POST")
+        check_origin(app, request.headers)
+        authorize(app, exchange.connection, Request(request.path, request.headers))
+        work = asyncio.ensure_future(FileTranscription(app, exchange).run(request))
+        lost = exchange.connection.connection_lost_waiter
+        await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():  # the client went away: stop decoding its file (run() cancels its jobs)
+            work.cancel()
+            log.info("openai request from %s: the client went away", client_address(exchange.connection))
+            return
+        work.result()
+    except ApiError as exc:
+        await exchange.respond(exc.status, json.dumps(exc.body()) + "\n", "application/json")
+    except h11.RemoteProtocolError as exc:
+        error = ApiError(400, f"malformed HTTP request: {exc}")
+        await exchange.respond(400, json.dumps(error.body()) + "\n", "application/json")
+    except (ConnectionError, asyncio.TimeoutError):
+        log.info("openai request from %s: the client went away", client_address(exchange.connection))
+    except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
+        log.exception("openai request: internal error")
+        await exchange.respond(500, json.dumps(ApiError(500, f"internal error: {type(exc).__name__}",
+                                                        type="server_error").body()), "application/json")
+
+
+class FileTranscription:
+    """One upload from its body to its answer; admitted like a stream, its jobs cancelled when it ends."""
+
+    def __init__(self, app: Server, exchange: HttpExchange) -> None:
+        self.app = app
+        self.exchange = exchange
+        self.id = uuid.uuid4().hex[:12]
+        self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
+
+    async def run(self, request: HttpRequest) -> None:
+        length = request.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
+            raise ApiError(413, f"request body of {int(length)} bytes; the limit is {MAX_UPLOAD_BYTES} bytes",
+                           code="file_too_large")
+        try:
+            body = await self.exchange.read_body(MAX_UPLOAD_BYTES)
+        except BodyTooLarge:
+            raise ApiError(413, f"request body over the limit of {MAX_UPLOAD_BYTES} bytes",
+                           code="file_too_large") from None
+        form = parse_form(request.headers.get("Content-Type", ""), body)
+        language = form.language or DEFAULT_LANGUAGE
+        try:
+            self.app.engine.language_id(language)
+        except ProtocolError as exc:
+            raise ApiError(400, str(exc), param="language", code="unsupported_language") from None
+        try:
+            audio = await asyncio.to_thread(decode_file, form.file, form.filename)
+        except AudioFormatError as exc:
+            raise ApiError(400, f"Invalid file format: {exc}", param="file", code="invalid_file") from None
+        try:
+            self.app.admit(self)  # type: ignore[arg-type] - counted like a stream
+        except OverloadError as exc:
+            raise ApiError(503, str(exc), type="server_error", code="overloaded") from None
+        try:
+            await self._transcribe(form, audio, language)
+        finally:
+            self.app.release(self)  # type: ignore[arg-type]
+            self.app.worker.cancel_session(self.id)
+
+    async def _transcribe(self, form: TranscriptionForm, audio: Any, language: str) -> None:
+        duration = len(audio) / SAMPLE_RATE
+        pending: asyncio.Queue[asyncio.Future[Final] | None] = asyncio.Queue()
+        producer = asyncio.ensure_future(self._submit_segments(audio, language, pending))
+        finals: list[Final] = []
+        try:
+            while (future := await pending.get()) is not None:
+                try:
+                    final = await asyncio.wait_for(future, JOB_TIMEOUT)
+                except asyncio.TimeoutError:
+                    raise ApiError(503, f"no result from the model within {JOB_TIMEOUT:g} s; retry later",
+                                   type="server_error", code="overloaded") from None
+                self._slots.release()
+                before = full_text(finals)
+                finals.append(final)
+                if form.stream and full_text(finals) != before:
+                    if not before:  # the first text: the event stream begins
+                        await self._start_events()
+                    await self.exchange.send_part(delta_event(full_text(finals)[len(before):]))
+            await producer  # its error, if any
+        finally:
+            producer.cancel()
+        if form.stream:
+            if not full_text(finals):
+                await self._start_events()
+            await self.exchange.send_part(done_event(full_text(finals)))
+            await self.exchange.end_stream()
+            return
+        detected = next((f.language for f in finals if f.language), None) or language
+        await self.exchange.respond(200, response_body(form, finals, duration, detected),
+                                    CONTENT_TYPES[form.response_format])
+
+    async def _start_events(self) -> None:
+        await self.exchange.start_stream(200, "text/event-stream; charset=utf-8")
+
+    async def _submit_segments(self, audio: Any, language: str, pending: asyncio.Queue[Any]) -> None:
+        """Segment the upload (off the loop) and submit each segment, FILE_JOBS_IN_FLIGHT at most at once;
+        queue each one's future in order, then None."""
+        try:
+            options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
+            session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
+            step = FEED_SECONDS * SAMPLE_RATE
+            for i in range(0, len(audio) + step, step):
+                chunk = audio[i:i + step].astype("<f4").tobytes()
+                events = await asyncio.to_thread(session.feed, chunk) if chunk else session.finish()
+                for event in events:
+                    if isinstance(event, SegmentFinished):
+                        await self._slots.acquire()
+                        pending.put_nowait(self._submit(event, language))
+        finally:
+            pending.put_nowait(None)
+
+    def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Final]:
+        future: asyncio.Future[Final] = asyncio.get_running_loop().create_future()
+
+        def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(ApiError(500, f"inference failed: {error}", type="server_error",
+                                              code=error.code))
+                return
+            future.set_result(Final(
+                segment=job.segment, text=transcript.text, start=job.start, end=job.end,
+                language=transcript.language, emotion=transcript.emotion, event=transcript.event,
+                tokens=[TokenTime(w.text, w.start, w.end) for w in transcript.words]))
+
+        self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
+                                   end=event.end, audio_start=event.audio_start, audio=event.audio,
+                                   deliver=deliver, language=language))
+        return future

@@ -1,0 +1,301 @@
+"""OpenAI Realtime transcription on the stream port: GET /v1/realtime?intent=transcription (WebSocket).
+
+The events are OpenAI's (server/realtime_events.py); the machinery is every stream's (server/streaming.py:
+admission, backpressure, the worker, the ordered send loop). Per item (one VAD segment, or one commit):
+    input_audio_buffer.speech_started -> .speech_stopped -> .committed                  (server_vad)
+    input_audio_buffer.committed                                                          (after a commit)
+    conversation.item.input_audio_transcription.delta ... -> .completed (or .failed)
+Deltas are append-only: a partial sends only the words pipeline/stable_prefix.py commits, the final sends
+the rest as a last delta, and `.completed` carries the committed text plus that rest, so the deltas of an
+item always add up to its transcript. Mistakes in a client event (bad JSON, bad base64, an unsupported
+format, an empty commit, an unknown type) are `error` events and the session goes on, as OpenAI's does;
+the stream's own limits (token, flood, idle, size) close it as on the other endpoints.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from pipeline.audio import SAMPLE_RATE, AudioFormat, Resampler, decode_pcm, samples_to_seconds
+from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
+from pipeline.segmenter import SegmentFinished, SpeechStarted
+from pipeline.stable_prefix import StablePrefix
+from pipeline.stream import StreamSession
+
+from .http import check_handshake_token, client_address, response
+from .protocol import CLOSE_GOING_AWAY
+from .realtime_events import (BETA_UPDATE, GA_UPDATE, EventError, SessionConfig, apply_update, error_event, event,
+                              new_id, parse_event, segmenter_options, session_object)
+from .streaming import Outbox, StreamConnection
+from .worker import Job
+
+if TYPE_CHECKING:
+    from .server import Server
+
+REALTIME_PATH = "/v1/realtime"
+SUBPROTOCOL = "realtime"  # what OpenAI's browser SDK offers, with its key in "openai-insecure-api-key.<key>"
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+MIN_COMMIT_SECONDS = 0.1  # OpenAI refuses to commit less than 100 ms of audio
+MAX_UNCOMMITTED_SECONDS = 300.0  # turn_detection null: audio held until a commit (~15 MB at 24 kHz, OpenAI's cap)
+OUTBOX_LIMIT = 256  # events waiting for a client: a few per item plus error answers to a burst of mistakes
+TRANSCRIPTION = "conversation.item.input_audio_transcription"
+
+
+def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
+    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+
+
+def check_handshake(app: Server, connection: ServerConnection, request: Request) -> Response | None:
+    """The stream token policy, with the key also accepted as the browser SDK sends it (a subprotocol);
+    OpenAI's clients have no first message to carry it, so a handshake without it is refused (401)."""
+    headers = Headers(request.headers.raw_items())
+    offered = [p.strip() for v in headers.get_all("Sec-WebSocket-Protocol") for p in v.split(",")]
+    key = next((p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)), None)
+    if key is not None and "Authorization" not in headers:
+        headers["Authorization"] = f"Bearer {key}"
+    refused = check_handshake_token(app, connection, Request(request.path, headers), "a realtime session")
+    if refused is None and app.config.token is not None and not getattr(connection, "authenticated", False):
+        app.auth_failures.record(client_address(connection))
+        app.metrics.sessions_refused.labels("unauthorized").inc()
+        return response(401, "unauthorized: send the token as the API key (Authorization: Bearer)\n")
+    return refused
+
+
+class RealtimeConnection(StreamConnection):
+    """One Realtime transcription session, from the handshake to the close."""
+
+    log = logging.getLogger(__name__)
+    log_name = "realtime session"
+
+    def __init__(self, app: Server, ws: ServerConnection) -> None:
+        super().__init__(app, ws)
+        self.outbox = Outbox(OUTBOX_LIMIT)
+        self.session_id = new_id("sess")
+        self.config = SessionConfig()
+        self._received = 0.0  # seconds of audio appended in the whole session (the flood policy)
+        self._pending = 0.0  # seconds appended since the last commit or clear
+        self._manual: list[np.ndarray] = []  # turn_detection null: 16 kHz audio awaiting a commit
+        self._resampler: Resampler | None = None  # turn_detection null: the client's rate -> 16 kHz
+        # Each commit, clear or format change starts a new StreamSession; its segments and times are
+        # shifted into the session's: segment numbers after `_segment_base`, times after `_time_base`.
+        self._segment_base = 0
+        self._segments_here = 0  # segment numbers the current StreamSession (or commit) has used
+        self._time_base = 0.0
+        self._items: dict[int, str] = {}  # open segment -> its item id
+        self._prefixes: dict[int, StablePrefix] = {}  # open segment -> its committed text
+        self._last_item: str | None = None
+
+    # ---- the conversation ------------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        self._check_token(None, "with the handshake")
+        self._new_session()
+        self._put(event("session.created", session=session_object(self.session_id, self.config)))
+        while True:
+            message = await self._next_message()
+            if message is None:
+                await self._flush(commit=True)
+                await self._until_closed(self._finals_sent.wait())
+                await self._close(CLOSE_GOING_AWAY, "server shutting down")
+                return
+            self._check_flood(self._received)
+            try:  # text events carry the audio (base64): websockets bounds them by --max-message-bytes
+                if isinstance(message, bytes):
+                    raise EventError("binary frames are not events: send JSON text events", code="invalid_event")
+                await self._dispatch(parse_event(message))
+            except EventError as exc:
+                self._put(error_event(exc.message, exc.code, exc.param, exc.event_id))
+
+    async def _dispatch(self, data: dict[str, Any]) -> None:
+        kind = data["type"]
+        try:
+            if kind in (GA_UPDATE, BETA_UPDATE):
+                await self._update(data)
+            elif kind == "input_audio_buffer.append":
+                await self._append(data.get("audio"))
+            elif kind == "input_audio_buffer.commit":
+                await self._commit()
+            elif kind == "input_audio_buffer.clear":
+                self._restart()
+                self._put(event("input_audio_buffer.cleared"))
+            else:
+                raise EventError(f"Invalid value: '{kind}'. This server takes {GA_UPDATE}, {BETA_UPDATE} and "
+                                 "input_audio_buffer.append, .commit and .clear", param="type")
+        except EventError as exc:
+            exc.event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+            raise
+
+    async def _update(self, data: dict[str, Any]) -> None:
+        config = apply_update(self.config, data, self.app.engine.model.manifest.languages)
+        if config.rate != self.config.rate or config.turn_detection != self.config.turn_detection:
+            await self._flush(commit=True)  # what was said under the old settings becomes items now
+            self.config = config
+            self._restart()
+        self.config = config
+        kind = "session.updated" if data["type"] == GA_UPDATE else "transcription_session.updated"
+        self._put(event(kind, session=session_object(self.session_id, self.config)))
+
+    async def _append(self, audio: Any) -> None:
+        if not isinstance(audio, str):
+            raise EventError("Missing required parameter: 'audio' (base64 PCM16)", param="audio",
+                             code="missing_required_parameter")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise EventError("Invalid 'audio'. Expected base64-encoded audio bytes", param="audio",
+                             code="invalid_base64") from None
+        seconds = len(data) / 2 / self.config.rate
+        if self._resampler is not None and self._pending + seconds > MAX_UNCOMMITTED_SECONDS:
+            raise EventError(f"the input audio buffer holds {MAX_UNCOMMITTED_SECONDS:g} s at most without turn "
+                             "detection: commit it (this audio was dropped)", param="audio",
+                             code="input_audio_buffer_full")
+        try:
+            if self._resampler is not None:
+                self._manual.append(self._resampler.process(decode_pcm(data, self._format())))
+            else:
+                await self._feed_audio(data)
+        except (AudioFormatError, ProtocolError) as exc:  # an odd byte count
+            raise EventError(f"Invalid 'audio': {exc}", param="audio", code="invalid_audio") from None
+        self._received += seconds
+        self._pending += seconds
+
+    async def _commit(self) -> None:
+        if self._pending < MIN_COMMIT_SECONDS:
+            raise EventError("Error committing input audio buffer: buffer too small. Expected at least "
+                             f"{MIN_COMMIT_SECONDS * 1000:.0f}ms of audio, but buffer only has "
+                             f"{self._pending * 1000:.2f}ms of audio.", code="input_audio_buffer_commit_empty")
+        before = self._last_item
+        await self._flush(commit=True)
+        if self._last_item == before:  # no speech in it: still an item, with an empty transcript (as OpenAI)
+            item = new_id("item")
+            self._put(event("input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item))
+            self._put(event(f"{TRANSCRIPTION}.completed", item_id=item, content_index=0, transcript="",
+                            usage={"type": "duration", "seconds": round(self._pending, 3)}))
+            self._last_item = item
+        self._restart()
+
+    # ---- audio, segments and items -----------------------------------------------------------------------
+
+    def _format(self) -> AudioFormat:
+        return AudioFormat(self.config.rate, "s16le", 1)
+
+    def _new_session(self) -> None:
+        self.session = StreamSession(self._format(), segmenter_options(self.app.segmenter_options, self.config))
+        self._resampler = Resampler(self.config.rate) if self.config.turn_detection is None else None
+        self._manual, self._pending = [], 0.0
+
+    def _restart(self) -> None:
+        """Forget the uncommitted audio (an open segment with it) and go on with a fresh StreamSession."""
+        assert self.session is not None
+        if self._resampler is None:
+            self._time_base += self.session.received_seconds
+        else:
+            self._time_base += sum(len(a) for a in self._manual) / SAMPLE_RATE
+        self._segment_base += self._segments_here
+        self._segments_here = 0
+        self._arrivals.clear()
+        self._new_session()
+
+    async def _flush(self, commit: bool) -> None:
+        """The uncommitted audio becomes items: with server_vad its open segment (if speech was heard);
+        without turn detection all of it, in pieces of at most max_segment_seconds."""
+        assert self.session is not None
+        if self._resampler is None:
+            await self._handle(self.session.finish())
+            return
+        if not commit:
+            return
+        audio = np.concatenate(self._manual + [self._resampler.flush()])
+        self._manual = [audio]  # for _restart's time accounting
+        limit = int(self.app.segmenter_options.max_segment_seconds * SAMPLE_RATE)
+        for n, i in enumerate(range(0, len(audio), limit)):
+            piece = audio[i:i + limit]
+            start = samples_to_seconds(i)
+            await self._handle([SegmentFinished(n, start, start + samples_to_seconds(len(piece)), piece)])
+
+    async def _handle(self, events: list[Any]) -> None:
+        """The StreamSession's events, shifted into the session's numbering and time; item events first."""
+        shifted = []
+        for e in events:
+            self._segments_here = max(self._segments_here, e.segment + 1)
+            fields: dict[str, Any] = {"segment": e.segment + self._segment_base, "start": e.start + self._time_base}
+            if not isinstance(e, SpeechStarted):
+                fields |= {"end": e.end + self._time_base, "audio_start": e.audio_start + self._time_base}
+            e = dataclasses.replace(e, **fields)
+            if isinstance(e, SpeechStarted):
+                self._items[e.segment] = new_id("item")
+                self._put(event("input_audio_buffer.speech_started", audio_start_ms=ms(e.start),
+                                item_id=self._items[e.segment]))
+            elif isinstance(e, SegmentFinished):
+                item = self._items.setdefault(e.segment, new_id("item"))
+                if self._resampler is None:
+                    self._put(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(e.end), item_id=item))
+                self._put(event("input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item))
+                self._last_item = item
+                self._pending = 0.0 if self._resampler is None else self._pending
+            shifted.append(e)
+        await super()._handle(shifted)
+
+    def _speech_end_arrival(self, end: float) -> float:
+        return super()._speech_end_arrival(end - self._time_base)  # arrivals are in the StreamSession's time
+
+    # ---- results -------------------------------------------------------------------------------------
+
+    def _error(self, code: str, message: str) -> dict[str, Any]:
+        return error_event(message, code, kind="server_error" if code == "internal_error" else "invalid_request_error")
+
+    def _job_options(self) -> dict[str, Any]:
+        return {"deliver": self._on_result, "language": self.config.language}
+
+    def _partial_item(self, job: Job, transcript: Any) -> _Partial:
+        return _Partial(job.segment, transcript.text)
+
+    def _on_final(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
+        item = self._items.pop(job.segment, None) or new_id("item")
+        prefix = self._prefixes.pop(job.segment, StablePrefix())
+        if error is not None:
+            self._put(event(f"{TRANSCRIPTION}.failed", item_id=item, content_index=0,
+                            error={"type": "server_error", "code": error.code, "message": str(error),
+                                   "param": None}), arrived=job.arrived)
+            return
+        rest = prefix.complete(transcript.text)
+        if rest:
+            self._put(event(f"{TRANSCRIPTION}.delta", item_id=item, content_index=0, delta=rest))
+        self._put(event(f"{TRANSCRIPTION}.completed", item_id=item, content_index=0, transcript=prefix.text,
+                        usage={"type": "duration", "seconds": round(job.end - job.start, 3)}),
+                  arrived=job.arrived)
+
+    def _render(self, message: Any) -> str | None:
+        if isinstance(message, _Partial):  # what is stable is decided when it is sent (replaced partials skip)
+            item = self._items.get(message.segment)
+            delta = self._prefixes.setdefault(message.segment, StablePrefix()).update(message.text)
+            if not delta or item is None:
+                return None
+            message = event(f"{TRANSCRIPTION}.delta", item_id=item, content_index=0, delta=delta)
+        return json.dumps(message, ensure_ascii=False)
+
+    def _sent(self, message: Any) -> None:
+        if isinstance(message, _Partial):
+            self.app.metrics.partials.inc()
+        elif isinstance(message, dict) and message.get("type") == "error":
+            self.app.metrics.errors.labels(message["error"]["code"] or "error").inc()
+
+
+@dataclass(frozen=True)
+class _Partial:
+    segment: int
+    text: str
+
+
+def ms(seconds: float) -> int:
+    return int(round(seconds * 1000))

@@ -1,0 +1,33 @@
+"""The browser page resumes its stream when the connection is lost (clients/static/resume.js): Debian's
+Chromium hears a WAV file as its microphone; the server aborts the page's TCP connection after the first
+final; the page reconnects with a `resume` and every utterance still gets exactly one final."""
+from __future__ import annotations
+
+from client_testkit import knows_words, normalise
+from test_browser_page import CHROMIUM, WAIT_MS, browser, pytestmark, stats  # noqa: F401 - fixture, skip mark
+
+
+async def test_page_resumes_a_lost_connection(serve_test_server, browser, speech, test_model_dir):  # noqa: F811
+    async with serve_test_server(partial_interval=0.3) as url:
+        page = await browser.new_page()
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        await page.goto(url.http + "/")
+        await page.get_by_role("button", name="Start").click()
+        await page.wait_for_function("window.unipad.stats.finals >= 1", timeout=WAIT_MS)
+        for connection in list(url.server.connections):  # as if the server had died
+            connection.ws.transport.abort()
+        n = len(speech.utterances)
+        await page.wait_for_function(f"window.unipad.stats.finals >= {n}", timeout=WAIT_MS)
+        await page.get_by_role("button", name="Stop").click()
+        await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
+        counts = await stats(page)
+        segments = await page.locator("#finals li").evaluate_all("items => items.map(i => Number(i.dataset.segment))")
+        finals = await page.locator("#finals li .text").all_inner_texts()
+        errors = await page.locator("#errors").inner_text()
+        resumed = url.server.metrics.sessions_resumed._value.get()
+    assert page_errors == [] and errors == "", (page_errors, errors)
+    assert counts["resumes"] == 1 and resumed == 1 and counts["done"] == 1, counts
+    assert segments[:n] == list(range(n)), segments  # each utterance once, numbering continued
+    if knows_words(test_model_dir):
+        assert [normalise(t) for t in finals[:n]] == [normalise(u["text"]) for u in speech.utterances]

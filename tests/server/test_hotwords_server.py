@@ -1,0 +1,105 @@
+"""Hotwords through the server: per stream (`start`'s field), server-wide (--hotwords FILE), on the FunASR
+port (its word-weight JSON), and every bad value refused with bad_start. The audio is the demo model's
+save/send blend (tests/fixtures/make_hotword_fixture.py), where greedy decoding may hear either word."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import websockets
+
+from pipeline.audio import SAMPLE_RATE, load_audio
+from server.cli import main as cli_main
+from server.protocol import CLOSE_POLICY
+from server_testkit import pcm16, run_stream, send_and_collect
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_MODEL = ROOT / "models" / "demo"
+pytestmark = pytest.mark.skipif(not (DEMO_MODEL / "manifest.json").is_file(), reason="needs the demo model")
+
+
+@pytest.fixture(scope="module")
+def blend() -> np.ndarray:
+    silence = np.zeros(SAMPLE_RATE, np.float32)
+    return np.concatenate([silence, load_audio(ROOT / "tests/fixtures/demo/save_send_blend.wav"), silence])
+
+
+async def final_texts(url, audio, **start) -> list[str]:
+    result = await run_stream(url, audio, start=start)
+    assert not result.of("error"), result.messages
+    return [m["text"] for m in result.of("final")]
+
+
+async def test_stream_and_server_hotwords(serve_test_server, blend, tmp_path):
+    hotwords = tmp_path / "hotwords.txt"
+    hotwords.write_text("# the server's list\nturn on the music\t2\n", encoding="utf-8")
+    async with serve_test_server(DEMO_MODEL, hotwords=hotwords, partial_interval=0.0) as url:
+        [greedy] = await final_texts(url, blend)
+        assert greedy in ("save message", "send message")
+        for word in ("save", "send"):
+            result = await run_stream(url, blend, start={"hotwords": [word]})
+            final = result.of("final")[0]
+            assert final["text"] == f"{word} message" and final["language"] == "en"
+            assert [t["text"] for t in final["tokens"]] == [f" {word}", " message"]
+        other = "send" if greedy.startswith("save") else "save"
+        assert await final_texts(url, blend, hotwords=[{"text": other, "boost": 0.1}]) == [greedy]  # too weak
+    hotwords.write_text("save\n", encoding="utf-8")
+    async with serve_test_server(DEMO_MODEL, hotwords=hotwords, partial_interval=0.0) as url:
+        assert await final_texts(url, blend) == ["save message"]  # the server's list alone
+        # a stream's own boost for a word of the server's list replaces the server's
+        assert await final_texts(url, blend, hotwords=[{"text": "send", "boost": 3}]) == ["send message"]
+
+
+BAD_HOTWORDS = {
+    "not_a_list": "save",
+    "not_a_string": [7],
+    "empty": [""],
+    "too_long": ["save " * 20],
+    "unknown_field": [{"text": "save", "weight": 2}],
+    "no_text": [{"boost": 2}],
+    "bad_boost": [{"text": "save", "boost": -1}],
+    "huge_boost": [{"text": "save", "boost": 1e9}],
+    "unspellable": ["zebra"],
+    "too_many": ["save"] * 1000,
+}
+
+
+async def test_bad_hotwords_get_bad_start(serve_test_server):
+    async with serve_test_server(DEMO_MODEL) as url:
+        for name, value in BAD_HOTWORDS.items():
+            result = await send_and_collect(url, [json.dumps({"type": "start", "hotwords": value})])
+            assert [m["code"] for m in result.of("error")] == ["bad_start"], name
+            assert "hotword" in result.of("error")[0]["message"], name
+            assert result.close_code == CLOSE_POLICY, name
+
+
+async def test_funasr_hotwords(serve_test_server, blend):
+    async def transcribe(ws, hotwords) -> str:
+        await ws.send(json.dumps({"mode": "offline", "wav_name": "blend", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
+                                  "is_speaking": True, "hotwords": hotwords}))
+        await ws.send(pcm16(blend))
+        await ws.send(json.dumps({"is_speaking": False}))
+        while not (message := json.loads(await ws.recv())).get("is_final"):
+            pass
+        return message["text"]
+
+    async with serve_test_server(DEMO_MODEL, funasr_port=0) as url:
+        port = f"ws://127.0.0.1:{url.server.funasr_port}/"
+        async with websockets.connect(port, subprotocols=["binary"]) as ws:
+            # FunASR's format; a word the model cannot spell is skipped, as FunASR does
+            assert await transcribe(ws, json.dumps({"save": 20, "阿里巴巴": 30})) == "save message"
+            assert await transcribe(ws, json.dumps({"send": 20})) == "send message"
+        async with websockets.connect(port, subprotocols=["binary"]) as ws:
+            await ws.send(json.dumps({"mode": "offline", "hotwords": json.dumps({"save": "high"})}))
+            error = json.loads(await ws.recv())
+            assert error["code"] == "bad_start" and "weight" in error["error"]
+
+
+def test_cli_refuses_a_bad_hotwords_file(tmp_path, capsys):
+    path = tmp_path / "hotwords.txt"
+    path.write_text("save\nzebra\n", encoding="utf-8")
+    assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2
+    assert "hotwords.txt:2" in capsys.readouterr().err
+    assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(tmp_path / "missing.txt")]) == 2

@@ -1,0 +1,118 @@
+"""OpenAI's speech-to-text HTTP API, driven by the real `openai` package (and raw HTTP for what the SDK does
+not send) against a real server on 127.0.0.1."""
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import soundfile
+import soxr
+import websockets
+
+from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
+from pipeline.audio import SAMPLE_RATE
+from server.openai_http import MAX_UPLOAD_BYTES
+
+
+async def test_sdk_transcribes_in_every_format(serve_test_server, test_model_dir):
+    """json, text, srt, vtt, verbose_json (words and segments) and the event stream give the same words as
+    our own protocol, and the recording's words with the demo model."""
+    audio, _ = soundfile.read(HELD_OUT, dtype="float32")
+    expected = words(" ".join(u["text"] for u in json.loads(HELD_OUT.with_suffix(".json").read_text())["speech"]))
+    async with serve_test_server(token=TOKEN) as url:
+        client = sdk(url)
+        models = await client.models.list()
+        assert [m.id for m in models.data] == [url.server.model_name]
+        assert (await client.models.retrieve(url.server.model_name)).id == url.server.model_name
+        own = words(await own_protocol_text(url, audio))
+        create = client.audio.transcriptions.create
+        plain = await create(model="whisper-1", file=HELD_OUT)
+        text = await create(model="whisper-1", file=HELD_OUT, response_format="text", language="en",
+                            prompt="commands", temperature=0.2)
+        srt = await create(model="whisper-1", file=HELD_OUT, response_format="srt")
+        vtt = await create(model="whisper-1", file=HELD_OUT, response_format="vtt")
+        verbose = await create(model="whisper-1", file=HELD_OUT, response_format="verbose_json",
+                               timestamp_granularities=["word", "segment"])
+        # A 44.1 kHz stereo FLAC of the same speech: any file soundfile reads, at any rate and channel count.
+        flac = io.BytesIO()
+        stereo = np.stack([audio, audio], axis=1)
+        soundfile.write(flac, soxr.resample(stereo, SAMPLE_RATE, 44100), 44100, format="FLAC")
+        from_flac = await create(model="gpt-4o-transcribe", file=("speech.flac", flac.getvalue()))
+        stream = await create(model="gpt-4o-transcribe", file=HELD_OUT, stream=True)
+        events = [event async for event in stream]
+    assert words(plain.text) == own and words(text) == own and words(from_flac.text) == own
+    assert [e.type for e in events][-1] == "transcript.text.done"
+    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
+    assert deltas == events[-1].text and words(deltas) == own
+    assert verbose.duration == pytest.approx(len(audio) / SAMPLE_RATE, abs=1e-3) and verbose.text == plain.text
+    assert [w.word for w in verbose.words] == plain.text.split() and verbose.segments
+    assert all(0 <= w.start <= w.end <= verbose.duration for w in verbose.words)
+    assert " ".join(s.text for s in verbose.segments) == plain.text
+    assert srt.startswith("1\n00:00:0") and " --> " in srt and vtt.startswith("WEBVTT\n\n")
+    if knows_words(test_model_dir):
+        assert own == expected and verbose.language == "english" and len(verbose.segments) == 3
+        assert [words(s.text) for s in verbose.segments] == [words(u) for u in ("start recording",
+                                                                                "four four six", "play music louder")]
+
+
+def multipart_body(fields: dict[str, str], file: bytes, boundary: str = "b0undary") -> tuple[bytes, str]:
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+                 f'Content-Type: audio/wav\r\n\r\n'.encode() + file + f"\r\n--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+async def test_errors_are_openai_error_objects(serve_test_server):
+    """400 bad file or parameter, 401 token, 404 path, 413 too large, 503 full: each OpenAI's error object."""
+    wav = HELD_OUT.read_bytes()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with serve_test_server(token=TOKEN, max_sessions=1) as url:
+        async def upload(fields: dict[str, str], file: bytes = wav, headers: Any = auth, **kw: Any) -> Any:
+            body, content_type = multipart_body(fields, file)
+            return await post(url.port, "/v1/audio/transcriptions", body,
+                              {**headers, "Content-Type": content_type}, **kw)
+
+        cases = {
+            "no token": (await upload({"model": "m"}, headers={}), 401, None),
+            "bad file": (await upload({"model": "m"}, file=b"RIFF not audio"), 400, "file"),
+            "format": (await upload({"model": "m", "response_format": "mp3"}), 400, "response_format"),
+            "granularity": (await upload({"model": "m", "timestamp_granularities[]": "word"}), 400,
+                            "timestamp_granularities[]"),
+            "language": (await upload({"model": "m", "language": "xx"}), 400, "language"),
+            "model": (await upload({}), 400, "model"),
+            "stream srt": (await upload({"model": "m", "stream": "true", "response_format": "srt"}), 400, "stream"),
+            "not a form": (await post(url.port, "/v1/audio/transcriptions", b"{}", auth), 400, None),
+            "path": (await post(url.port, "/v1/audio/translations", b"x", auth), 404, None),
+        }
+        for name, ((status, answer), expected_status, param) in cases.items():
+            error = answer["error"]
+            assert status == expected_status and set(error) == {"message", "type", "param", "code"}, name
+            assert error["param"] == param and error["message"], name
+        with pytest.raises(openai.AuthenticationError):
+            await sdk(url, key="wrong").models.list()
+        # Chunked upload (no Content-Length), as clients streaming a file send it.
+        status, text = await upload({"model": "m", "response_format": "text"}, chunked=True)
+        assert status == 200 and text.strip()
+        # Too large: refused from its Content-Length, before the body is read.
+        status, answer = await raw_exchange(url.port, f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                                            f"Authorization: Bearer {TOKEN}\r\nContent-Type: multipart/form-data; "
+                                            f"boundary=x\r\nContent-Length: {MAX_UPLOAD_BYTES + 1}\r\n\r\n")
+        assert status == 413 and json.loads(answer)["error"]["code"] == "file_too_large"
+        status, _ = await raw_exchange(url.port, "NOT HTTP AT ALL\r\n\r\n")
+        assert status == 400
+        status, answer = await raw_exchange(url.port, "OPTIONS /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 405 and json.loads(answer)["error"]["message"]
+        status, answer = await raw_exchange(url.port, "HEAD /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 405 and answer == b""  # a HEAD answer has headers only
+        # Full: one live stream holds the only session; an upload is refused with 503 (the SDK retries those).
+        async with websockets.connect(f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription",
+                                      additional_headers=auth) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            with pytest.raises(openai.InternalServerError) as refused:
+                await sdk(url).audio.transcriptions.create(model="m", file=HELD_OUT)
+            assert refused.value.status_code == 503 and refused.value.code == "overloaded"

@@ -1,0 +1,46 @@
+"""Realtime session settings (server/realtime_events.py): both update shapes, and our VAD's mapping."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.segmenter import SegmenterOptions
+from server.realtime_events import (EventError, SessionConfig, TurnDetection, apply_update, segmenter_options,
+                                    vad_mode)
+
+LANGUAGES = {"auto": 0, "en": 4, "zh": 3}
+
+
+def test_ga_and_beta_updates_set_the_same_settings():
+    ga = apply_update(SessionConfig(), {"type": "session.update", "session": {"type": "transcription", "audio": {
+        "input": {"format": {"type": "audio/pcm", "rate": 16000},
+                  "transcription": {"model": "gpt-4o-transcribe", "language": "en", "prompt": "digits"},
+                  "turn_detection": {"type": "server_vad", "silence_duration_ms": 800}}}}}, LANGUAGES)
+    assert ga == SessionConfig(16000, "gpt-4o-transcribe", "en", "digits", TurnDetection(800, 300, 0.5))
+    beta = apply_update(SessionConfig(), {"type": "transcription_session.update", "session": {
+        "input_audio_format": "pcm16", "input_audio_transcription": {"model": "whisper-1", "language": "zh"},
+        "turn_detection": None}}, LANGUAGES)
+    assert beta == SessionConfig(24000, "whisper-1", "zh", "", None)
+    unchanged = apply_update(ga, {"type": "session.update", "session": {"type": "transcription"}}, LANGUAGES)
+    assert unchanged == ga
+
+
+@pytest.mark.parametrize("session, param", [
+    ({"type": "realtime"}, "session.type"),
+    ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}, "session.audio.input.format.rate"),
+    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection"),
+    ({"audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
+    ({"audio": {"input": {"transcription": {"language": "fr"}}}}, "session.audio.input.transcription.language"),
+    ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
+])
+def test_bad_settings_name_their_parameter(session, param):
+    with pytest.raises(EventError) as error:
+        apply_update(SessionConfig(), {"type": "session.update", "session": session}, LANGUAGES)
+    assert error.value.param == param and error.value.message
+
+
+def test_server_vad_maps_onto_our_segmenter():
+    assert [vad_mode(t) for t in (0.0, 0.1, 0.2, 0.4, 0.5, 0.9)] == [0, 0, 1, 2, 3, 3]
+    base = SegmenterOptions()
+    options = segmenter_options(base, SessionConfig(turn_detection=TurnDetection(100, 500, 0.2)))
+    assert (options.end_silence, options.post_roll, options.pre_roll, options.vad_aggressiveness) == (0.1, 0.1, 0.5, 1)
+    assert segmenter_options(base, SessionConfig(turn_detection=None)) == base
