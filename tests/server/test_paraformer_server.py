@@ -37,3 +37,19 @@ async def test_paraformer_streams_partials_finals_and_token_times(paraformer_mod
     assert result.messages[-1] == {"type": "done", "segments": len(speech.utterances)}
     for message in result.messages:
         parse_server_message(json.dumps(message))
+
+
+def test_hotwords_are_refused_with_a_reason(paraformer_model_dir):
+    """Hotwords bias a CTC beam search; a Paraformer has no CTC output, so a start asking for them is a
+    bad_start naming why, not silently ignored."""
+    import pytest
+
+    from pipeline.engine import Engine, EngineOptions
+    from pipeline.errors import ProtocolError
+    from pipeline.hotwords import parse_hotwords
+
+    engine = Engine(paraformer_model_dir, EngineOptions(containers=(2.0,))).load()
+    assert engine.hotword_graph(()) is None
+    with pytest.raises(ProtocolError, match="hotwords need a CTC model") as caught:
+        engine.hotword_graph(parse_hotwords(["now"]))
+    assert caught.value.code == "bad_start"
