@@ -1,7 +1,8 @@
 """`python -m export verify DIR`: padding invariance, graph operators and static shapes of a model directory.
 
 For each test length, the audio is run once alone at its own length and once placed in the container;
-the valid log-prob frames must agree. The last line printed is one JSON object with the figures; the
+the valid log-prob frames must agree (for Paraformer: the tokens, their log-probs and the CIF outputs,
+export/verify_paraformer.py). The last line printed is one JSON object with the figures; the
 exit status is non-zero when any check fails.
 """
 from __future__ import annotations
@@ -82,14 +83,17 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
                        "non_static_shapes": non_static_shapes(path, container_samples)[:20], "lengths": {}}
         padded_session = make_session(path, container_samples)
         alone_session = make_session(path, None)
+        run, check = (run_session, compare)
+        if directory.manifest.architecture == "paraformer":
+            from .verify_paraformer import compare as check, run_session as run
         for seconds in lengths:
             audio = deterministic_waveform(seconds, seed=int(seconds * 10))
             padded = np.zeros(container_samples, dtype=np.float32)
             padded[: len(audio)] = audio
             # Garbage after the valid samples must not matter either: the graph zeroes it itself.
             padded[len(audio):] = np.random.default_rng(1).uniform(-1, 1, container_samples - len(audio))
-            entry["lengths"][f"{seconds:g}s"] = compare(
-                run_session(alone_session, audio, len(audio)), run_session(padded_session, padded, len(audio))
+            entry["lengths"][f"{seconds:g}s"] = check(
+                run(alone_session, audio, len(audio)), run(padded_session, padded, len(audio))
             )
         report["precisions"][precision] = entry
         entry["passed"] = _passed(precision, entry)

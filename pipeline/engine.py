@@ -38,7 +38,8 @@ from .decoding import Transcript, decode_ctc
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .hotwords import ContextGraph, Hotword, Speller
 from .initializers import read_initializers
-from .modeldir import FREE_DIMENSIONS, INPUT_NAMES, OUTPUT_NAMES, read_model_directory
+from .modeldir import FREE_DIMENSIONS, read_model_directory, signature
+from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, conflicting_runtimes,
                         is_device_failure, provider_config)
 from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
@@ -246,13 +247,13 @@ class Engine:
         self._check_signature(session, path)
         return SessionRunner(session, size, config, self.options.device_id or 0)
 
-    @staticmethod
-    def _check_signature(session: ort.InferenceSession, path: Path) -> None:
+    def _check_signature(self, session: ort.InferenceSession, path: Path) -> None:
         inputs = {i.name: i.shape for i in session.get_inputs()}
         outputs = [o.name for o in session.get_outputs()]
-        if set(inputs) != set(INPUT_NAMES) or set(outputs) != set(OUTPUT_NAMES):
+        input_names, output_names = signature(self.model.manifest.architecture)
+        if set(inputs) != set(input_names) or set(outputs) != set(output_names):
             raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
-                                 f"{list(INPUT_NAMES)} -> {list(OUTPUT_NAMES)}", path=str(path))
+                                 f"{list(input_names)} -> {list(output_names)}", path=str(path))
         free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
         if free:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
             raise ModelLoadError(f"{path}: inputs with free dimensions other than {FREE_DIMENSIONS}: {free}")
@@ -306,9 +307,14 @@ class Engine:
     # ---- inference ----------------------------------------------------------------------------------
 
     def run(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> tuple[np.ndarray, int]:
-        """audio float32 [n] at SAMPLE_RATE -> (logprobs float32 [frames, vocab], valid frames).
+        """audio float32 [n] at SAMPLE_RATE -> (logprobs float32 [frames, vocab], valid frames)."""
+        logprobs, lengths = self.run_outputs(audio, language, itn)[:2]
+        return logprobs[0], int(lengths[0])
 
-        The clip is zero-padded into the smallest container that holds it; the graph gets its true length.
+    def run_outputs(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> list[np.ndarray]:
+        """audio float32 [n] at SAMPLE_RATE -> the graph's outputs, batch of one (SenseVoice: logprobs and
+        lengths; Paraformer: pipeline/paraformer_decoding.py). The clip is zero-padded into the smallest
+        container that holds it; the graph gets its true length.
         """
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim != 1:
@@ -323,11 +329,16 @@ class Engine:
             raise InferenceError(str(exc), samples=len(audio)) from None
         padded = np.zeros(size, np.float32)
         padded[: len(audio)] = audio
-        return self.run_padded(padded, len(audio), lang, norm)
+        return self.infer_padded(padded, len(audio), lang, norm)
 
     def run_padded(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> tuple[np.ndarray, int]:
         """Run one already padded clip, float32 [samples] with `length` valid samples; `samples` must be a
         warmed container, else UnwarmedShapeError (counted and logged)."""
+        logprobs, lengths = self.infer_padded(padded, length, language_id, textnorm_id)[:2]
+        return logprobs[0], int(lengths[0])
+
+    def infer_padded(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> list[np.ndarray]:
+        """run_padded, returning every graph output."""
         session = self._sessions.get(len(padded))
         if session is None or not session.warmed:
             self.stats.unwarmed_calls += 1
@@ -335,21 +346,26 @@ class Engine:
             log.error("refused a call of %d samples: no session warmed with that shape (containers %s)",
                       len(padded), ",".join(map(str, self._sessions)))
             raise UnwarmedShapeError(f"no session was warmed for {len(padded)} samples", samples=len(padded))
-        feed = self._feed(padded, length, language_id, textnorm_id)
-        logprobs, lengths = self._infer(session, feed)
-        return logprobs[0], int(lengths[0])
+        return self._infer(session, self._feed(padded, length, language_id, textnorm_id))
 
     def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
-        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be."""
+        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
+        or the model has no CTC output to search (Paraformer)."""
+        if hotwords and self.model.manifest.architecture == "paraformer":
+            raise ProtocolError("hotwords need a CTC model (SenseVoice); this model is a Paraformer", code="bad_start")
         self._speller = self._speller or Speller(self.model.tokens)
         return ContextGraph(hotwords, self._speller) if hotwords else None
 
     def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0,
                    hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
         """run() and CTC decoding: greedy, or with `hotwords` a prefix beam search biased towards them;
-        token times are seconds from `offset` (the clip's first sample)."""
-        logprobs, length = self.run(audio, language, itn)
+        token times are seconds from `offset` (the clip's first sample). Paraformer: its own decoding, as
+        the manifest's architecture says."""
         m = self.model.manifest
+        if m.architecture == "paraformer":
+            outputs = ParaformerOutput.from_graph(self.run_outputs(audio, language, itn))
+            return decode_paraformer(outputs, self.model.tokens, offset=offset)
+        logprobs, length = self.run(audio, language, itn)
         if hotwords is not None:
             ids, values = top_k(logprobs, length, blank_id=m.blank_id)
             return beam_search(ids, values, length, self.model.tokens, hotwords, beam, blank_id=m.blank_id,
@@ -357,10 +373,10 @@ class Engine:
         return decode_ctc(logprobs, length, self.model.tokens, blank_id=m.blank_id, prompt_frames=m.prompt_frames,
                           frame_seconds=m.output_frame_seconds, offset=offset)
 
-    @staticmethod
-    def _feed(padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> dict[str, np.ndarray]:
-        return {"audio": padded[None, :], "audio_lengths": np.array([length], np.int32),
+    def _feed(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> dict[str, np.ndarray]:
+        feed = {"audio": padded[None, :], "audio_lengths": np.array([length], np.int32),
                 "language": np.array([language_id], np.int32), "textnorm": np.array([textnorm_id], np.int32)}
+        return {name: feed[name] for name in signature(self.model.manifest.architecture)[0]}
 
     def _infer(self, session: SessionRunner, feed: dict[str, np.ndarray], warming: bool = False,
                recover: bool = True) -> list[np.ndarray]:
@@ -398,5 +414,6 @@ class Engine:
             raise InferenceError(f"inference failed and the rebuilt engine cannot hold {length} samples") from exc
         padded = np.zeros(self.policy.container_for(length), np.float32)
         padded[:length] = feed["audio"][0, :length]
-        retry = self._feed(padded, length, int(feed["language"][0]), int(feed["textnorm"][0]))
+        prompts = (int(feed[name][0]) if name in feed else 0 for name in ("language", "textnorm"))
+        retry = self._feed(padded, length, *prompts)
         return self._infer(self._sessions[len(padded)], retry, recover=False)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from .modeldir import OUTPUT_NAMES
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
                 "tensor(int64)": np.int64}
@@ -136,6 +135,7 @@ class SessionRunner:
         self.session, self.size, self.config, self.device_id = session, size, config, device_id
         self.memory = "cuda" if config.device == "cuda" else "cpu"  # where bound buffers live
         self.dtypes = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
+        self.output_names = [o.name for o in session.get_outputs()]  # in the graph's order (family-specific)
         self.warmed = False
         self._binding: ort.IOBinding | None = None
         self._inputs: dict[str, ort.OrtValue] = {}
@@ -144,7 +144,7 @@ class SessionRunner:
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items()}
         if not self.config.io_binding:
-            return self.session.run(list(OUTPUT_NAMES), feed)
+            return self.session.run(self.output_names, feed)
         if self._binding is None:
             return self._first_bound_run(feed)
         for name, value in feed.items():  # CUDA graphs replay fixed addresses: copy into the bound buffers
@@ -160,14 +160,14 @@ class SessionRunner:
         self._inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, self.memory, self.device_id) for k, v in feed.items()}
         for name, value in self._inputs.items():
             binding.bind_ortvalue_input(name, value)
-        for name in OUTPUT_NAMES:
+        for name in self.output_names:
             binding.bind_output(name, self.memory, self.device_id)
         self.session.run_with_iobinding(binding)
         outputs = [v.numpy() for v in binding.get_outputs()]
         self._outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, o.dtype, self.memory, self.device_id)
                          for o in outputs]
         binding.clear_binding_outputs()
-        for name, value in zip(OUTPUT_NAMES, self._outputs):
+        for name, value in zip(self.output_names, self._outputs):
             binding.bind_ortvalue_output(name, value)
         self._binding = binding
         return outputs
