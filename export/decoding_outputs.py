@@ -68,10 +68,13 @@ def add_decoding_outputs(model, k: int = DEFAULT_TOP_K):
 
 
 def add_decoding_to_file(path: Path, k: int = DEFAULT_TOP_K) -> int:
-    """Rewrite one .onnx file with the decoding outputs (external data kept beside it); returns k used."""
+    """Rewrite one .onnx file with the decoding outputs (external data kept beside it); returns k used,
+    0 for a graph without CTC log-probs (left as it is)."""
     import onnx
 
     model = onnx.load(str(path))
+    if "logprobs" not in {o.name for o in model.graph.output}:
+        return 0  # not a CTC graph (Paraformer outputs its tokens already): nothing to add
     model = add_decoding_outputs(model, k)
     onnx.checker.check_model(model, full_check=False)
     external = any(p.name.startswith(path.name) and p.suffix == ".data" for p in path.parent.iterdir())

@@ -26,7 +26,8 @@ FORBIDDEN_OPS = frozenset({"Loop", "If", "Scan", "NonZero", "LSTM", "GRU", "RNN"
 
 
 def export_onnx(model, path: Path, opset: int = OPSET) -> None:
-    """Export `models.sensevoice.SenseVoice` with free `batch` and `samples` dimensions to one .onnx file."""
+    """Export `models.sensevoice.SenseVoice` (or a model with `onnx_signature()`, which names its inputs and
+    outputs) with free `batch` and `samples` dimensions to one .onnx file."""
     import torch
 
     batch = torch.export.Dim(FREE_DIMENSIONS[0], min=1, max=64)
@@ -37,11 +38,15 @@ def export_onnx(model, path: Path, opset: int = OPSET) -> None:
         torch.zeros(1, dtype=torch.int32),
         torch.full((1,), 15, dtype=torch.int32),
     )
-    dynamic = {"audio": {0: batch, 1: samples}, "audio_lengths": {0: batch}, "language": {0: batch}, "textnorm": {0: batch}}
+    input_names, output_names = INPUT_NAMES, OUTPUT_NAMES
+    if hasattr(model, "onnx_signature"):  # another family (Paraformer): audio and lengths only
+        input_names, output_names = model.onnx_signature()
+        example = example[: len(input_names)]
+    dynamic = {name: {0: batch} for name in input_names} | {"audio": {0: batch, 1: samples}}
     model = model.eval()
     with torch.no_grad():
         program = torch.onnx.export(
-            model, example, input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
+            model, example, input_names=list(input_names), output_names=list(output_names),
             dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False, verbose=False,
         )
     program.save(str(path), external_data=_needs_external_data(model))

@@ -3,7 +3,9 @@ operators and static shapes of a model directory, on the provider that will serv
 
 For each test length, the audio is run once alone at its own length and once placed in the container
 (padding invariance), and once as row 0 of a batch of BATCH_ROWS whose other rows hold other clips,
-against the same container at batch 1 (batch invariance); the valid log-prob frames must agree. Bounds per precision:
+against the same container at batch 1 (batch invariance); the valid log-prob frames must agree (for
+Paraformer: the tokens, their log-probs and the CIF outputs, export/verify_paraformer.py; no batch
+check, Paraformer serves one clip per call). Bounds per precision:
     fp32   max abs error 1e-5, cosine >= 0.999999, greedy tokens equal (on CUDA with TF32 off, which
            the engine's default is: TF32 gave 1.7e-3 and moved 1.1 % of the argmaxes on an H100)
     int8   same bounds for padding; no batch check: int8 serves one clip per call (its dynamic
@@ -103,7 +105,9 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
                        "non_static_shapes": non_static_shapes(path, container_samples)[:20], "lengths": {}}
         padded_session = make_session(path, container_samples, device)
         alone_session = make_session(path, None, device)
-        batch_session = make_session(path, container_samples, device, BATCH_ROWS) if precision != "int8" else None
+        paraformer = directory.manifest.architecture == "paraformer"
+        batch_session = (make_session(path, container_samples, device, BATCH_ROWS)
+                         if precision != "int8" and not paraformer else None)
         decoding = directory.manifest.top_k > 0
         for seconds in lengths:
             audio = deterministic_waveform(seconds, seed=int(seconds * 10))
@@ -111,6 +115,12 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
             padded[: len(audio)] = audio
             # Garbage after the valid samples must not matter either: the graph zeroes it itself.
             padded[len(audio):] = np.random.default_rng(1).uniform(-1, 1, container_samples - len(audio))
+            if paraformer:
+                from .verify_paraformer import compare as check, run_session as run
+
+                entry["lengths"][f"{seconds:g}s"] = check(run(alone_session, audio, len(audio)),
+                                                          run(padded_session, padded, len(audio)))
+                continue
             alone = run_session(alone_session, audio, len(audio))[0]
             in_container = run_session(padded_session, padded, len(audio), OUTPUT_NAMES[:1] + (
                 DECODING_OUTPUT_NAMES if decoding else ()))

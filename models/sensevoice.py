@@ -79,6 +79,21 @@ def time_mask(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return (positions <= lengths.to(torch.int64)[:, None]).to(x.dtype)[:, :, None]
 
 
+def fsmn_memory(conv: nn.Conv1d, padding: tuple[int, int], x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """FunASR's FSMN memory block: depthwise conv over time plus the input, masked. x [B, T, D] (padded
+    rows zero), mask [B, T, 1] -> [B, T, D]. Shared by the SAN-M encoder and the Paraformer decoder."""
+    memory = conv(nn.functional.pad(x.transpose(1, 2), padding)).transpose(1, 2)
+    return (memory + x) * mask
+
+
+def sinusoid_positions(x: torch.Tensor, timescales: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:
+    """FunASR's SinusoidalPositionEncoder after scaling: (x * scale + [sin, cos](position * timescales)) * mask.
+    1-based positions; the angles reach hundreds of radians, so they stay float32 even in an fp16 graph."""
+    angles = torch.ones_like(x[:, :, :1], dtype=torch.float32).cumsum(1) * timescales
+    encoding = torch.cat([torch.sin(angles), torch.cos(angles)], -1).to(x.dtype)
+    return (x * scale + encoding) * mask
+
+
 class MultiHeadedAttentionSANM(nn.Module):
     """Self-attention plus an FSMN memory block (depthwise conv over v), as in FunASR."""
 
@@ -97,8 +112,7 @@ class MultiHeadedAttentionSANM(nn.Module):
         """x [B, T, in] (padded rows zero), mask [B, T, 1], attention_bias [B, 1, 1, T] -> [B, T, size]."""
         q, k, v = self.linear_q_k_v(x).split(self.size, dim=-1)
         v = v * mask
-        memory = self.fsmn_block(nn.functional.pad(v.transpose(1, 2), self.padding)).transpose(1, 2)
-        memory = (memory + v) * mask
+        memory = fsmn_memory(self.fsmn_block, self.padding, v, mask)
         q_h, k_h, v_h = (t.unflatten(-1, (self.heads, self.d_k)).transpose(1, 2) for t in (q, k, v))
         scores = torch.matmul(q_h * self.d_k**-0.5, k_h.transpose(-2, -1)) + attention_bias
         context = torch.matmul(torch.softmax(scores, dim=-1), v_h).transpose(1, 2).flatten(2)
@@ -116,15 +130,17 @@ class PositionwiseFeedForward(nn.Module):
 
 
 class EncoderLayerSANM(nn.Module):
-    """Pre-LayerNorm SAN-M layer; the first layer (560 -> 512) has no attention residual."""
+    """Pre-LayerNorm SAN-M layer; the first layer (560 -> 512) has no attention residual. `dims` is any
+    geometry with output_size, attention_heads, linear_units, kernel_size, sanm_shift (SenseVoice's or
+    Paraformer's); `eps` is the LayerNorm epsilon of that family (FunASR: 1e-5 SenseVoice, 1e-12 SAN-M)."""
 
-    def __init__(self, in_size: int, dims: ModelDimensions) -> None:
+    def __init__(self, in_size: int, dims: ModelDimensions, eps: float = 1e-5) -> None:
         super().__init__()
         size = dims.output_size
         self.self_attn = MultiHeadedAttentionSANM(dims.attention_heads, in_size, size, dims.kernel_size, dims.sanm_shift)
         self.feed_forward = PositionwiseFeedForward(size, dims.linear_units)
-        self.norm1 = nn.LayerNorm(in_size, eps=1e-5)
-        self.norm2 = nn.LayerNorm(size, eps=1e-5)
+        self.norm1 = nn.LayerNorm(in_size, eps=eps)
+        self.norm2 = nn.LayerNorm(size, eps=eps)
         self.residual = in_size == size
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, attention_bias: torch.Tensor) -> torch.Tensor:
@@ -148,10 +164,7 @@ class SenseVoiceEncoderSmall(nn.Module):
         """x [B, T, input_size] with padded rows zero, lengths [B] -> [B, T, output_size], padded rows zero."""
         mask = time_mask(x, lengths)
         attention_bias = ((mask - 1.0) * ATTENTION_MASK_VALUE).transpose(1, 2)[:, None]  # [B, 1, 1, T]
-        # 1-based positions; angles reach hundreds of radians, so they stay float32 even in an fp16 graph.
-        angles = torch.ones_like(x[:, :, :1], dtype=torch.float32).cumsum(1) * self.timescales
-        encoding = torch.cat([torch.sin(angles), torch.cos(angles)], -1).to(x.dtype)
-        x = (x * self.dims.output_size**0.5 + encoding) * mask
+        x = sinusoid_positions(x, self.timescales, self.dims.output_size**0.5, mask)
         for layer in self.encoders0:
             x = layer(x, mask, attention_bias)
         for layer in self.encoders:

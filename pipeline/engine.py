@@ -42,7 +42,8 @@ from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .hotwords import ContextGraph, Hotword, Speller
-from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, read_model_directory
+from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_OUTPUT_NAMES, read_model_directory
+from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .providers import (DEVICES, PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure,
                         provider_config)
 from .sessions import create_session, load_shared_weights, process_rss, release_free_memory
@@ -131,6 +132,7 @@ class Engine:
         self.policy: ShapePolicy | None = None
         self.batch_sizes: tuple[int, ...] = ()
         self.in_graph_decoding = False  # the graph outputs best ids and top-k (DECODING_OUTPUT_NAMES)
+        self.paraformer = self.model.manifest.architecture == "paraformer"  # else a CTC model (SenseVoice)
         self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
         self._speller: Speller | None = None  # hotword spelling, made on first use
@@ -179,7 +181,8 @@ class Engine:
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
         policy = ShapePolicy(self.options.containers or default_containers(device))
-        batch_sizes = choose_batch_sizes(self.options.batch_sizes, device, precision)
+        # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
+        batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
                                  self.options.allow_tf32, self.options.dml_performance_preference)
         grid = [(b, size) for size in policy.sizes for b in batch_sizes]
@@ -190,7 +193,7 @@ class Engine:
         def create(batch: int, size: int) -> SessionRunner:
             before = process_rss()
             runner = create_session(path, batch, size, config, self.options.threads, self._shared,
-                                    self.options.device_id or 0)
+                                    self.options.device_id or 0, self.model.manifest.architecture)
             self._note_rss(batch, size, before)
             return runner
 
@@ -271,8 +274,8 @@ class Engine:
     def infer(self, clips: Sequence[Clip], topk: bool = False, full: bool = False) -> list[ClipOutput]:
         """Run clips together: grouped by container, packed into the grid's batch sizes (spare rows are
         silence), one ClipOutput per clip in order. `topk`: also the per-frame top-k ids and log-probs;
-        `full`: also the full log-probs [frames, vocab]. Any failure raises for the whole call (the caller
-        may retry clip by clip)."""
+        `full`: also the full log-probs [frames, vocab]. A Paraformer gives a ParaformerOutput per clip.
+        Any failure raises for the whole call (the caller may retry clip by clip)."""
         if self.policy is None:
             raise InferenceError("the engine is not loaded; call load() first")
         audios, prompts, containers = [], [], []
@@ -293,11 +296,13 @@ class Engine:
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)
             for row, index in enumerate(run.rows):
-                results[index] = unpack(outputs, row, topk, full, self.model.manifest.blank_id)
+                results[index] = (ParaformerOutput.from_graph([outputs[n] for n in PARAFORMER_OUTPUT_NAMES], row)
+                                  if self.paraformer else
+                                  unpack(outputs, row, topk, full, self.model.manifest.blank_id))
         return results  # type: ignore[return-value]
 
     def run(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> tuple[np.ndarray, int]:
-        """audio float32 [n] at SAMPLE_RATE -> (logprobs float32 [frames, vocab], valid frames).
+        """audio float32 [n] at SAMPLE_RATE -> (logprobs float32 [frames, vocab], valid frames) (CTC models).
 
         The clip is zero-padded into the smallest container that holds it; the graph gets its true length.
         """
@@ -318,6 +323,8 @@ class Engine:
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
         outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
+        if self.paraformer:
+            return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
         frames = dict(blank_id=m.blank_id, prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds)
         return [decode_ids(out.best_ids, out.length, self.model.tokens, offset=offset, **frames)
                 if clip.hotwords is None else
@@ -339,14 +346,17 @@ class Engine:
                       run.batch, run.size, ",".join(f"{b}x{s}" for b, s in self._sessions))
             raise UnwarmedShapeError(f"no session was warmed for {run.batch} x {run.size} samples",
                                      samples=run.size, batch=run.batch)
-        names = output_names(self.in_graph_decoding, topk, full)
+        names = session.output_names if self.paraformer else output_names(self.in_graph_decoding, topk, full)
         outputs = dict(zip(names, self._infer(session, feed, names)))
         self.stats.rows += len(run.rows)
         self.stats.spare_rows += run.batch - len(run.rows)
         return outputs
 
     def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
-        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be."""
+        """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
+        or the model has no CTC output to search (Paraformer)."""
+        if hotwords and self.model.manifest.architecture == "paraformer":
+            raise ProtocolError("hotwords need a CTC model (SenseVoice); this model is a Paraformer", code="bad_start")
         self._speller = self._speller or Speller(self.model.tokens)
         return ContextGraph(hotwords, self._speller) if hotwords else None
 

@@ -31,16 +31,27 @@ FREE_DIMENSIONS = ("batch", "samples")
 INPUT_NAMES = ("audio", "audio_lengths", "language", "textnorm")
 OUTPUT_NAMES = ("logprobs", "logprob_lengths")
 DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs")
+# Paraformer graphs (architecture "paraformer"): audio and lengths in; the best token per position, its
+# log-prob, the token count, CIF weights and peaks, and the valid CIF frames out (pipeline/paraformer_decoding.py).
+PARAFORMER_INPUT_NAMES = ("audio", "audio_lengths")
+PARAFORMER_OUTPUT_NAMES = ("token_ids", "token_logprobs", "token_counts", "cif_alphas", "cif_peaks", "peak_lengths")
 
 # Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
 SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
 SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}
 
 
+def signature(architecture: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The graph's input and output names for a model family (the manifest's architecture)."""
+    if architecture == "paraformer":
+        return PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
+    return INPUT_NAMES, OUTPUT_NAMES
+
+
 @dataclass(frozen=True)
 class ModelManifest:
     name: str
-    architecture: str  # "sensevoice"
+    architecture: str  # "sensevoice" or "paraformer"
     dimensions: dict  # models.sensevoice.ModelDimensions as a dict
     files: dict  # precision -> ONNX file name, only the precisions that were exported
     source: dict  # where the weights came from: {"kind": "checkpoint"|"random-init"|"trained", ...}

@@ -159,7 +159,8 @@ class SessionRunner:
     def run(self, feed: dict[str, np.ndarray], names: tuple[str, ...] | None = None) -> list[np.ndarray]:
         """The outputs `names` (default: all) for one batch; the host receives only those."""
         names = tuple(names or self.output_names)
-        feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items()}
+        # only the inputs this graph has (a Paraformer takes no language or text-norm prompt)
+        feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items() if k in self.dtypes}
         if not self.config.io_binding:
             return self.session.run(list(names), feed)
         if self._binding is None:

@@ -22,7 +22,7 @@ import onnxruntime as ort
 
 from .errors import ModelLoadError, ProviderError
 from .initializers import read_initializers
-from .modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, INPUT_NAMES, OUTPUT_NAMES
+from .modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, signature
 from .providers import ProviderConfig, SessionRunner
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
 
 
 def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
-                   shared: SharedWeights, device_id: int) -> SessionRunner:
+                   shared: SharedWeights, device_id: int, architecture: str) -> SessionRunner:
     """One session of the grid; ModelLoadError (the graph) or ProviderError (the device) when it fails."""
     try:
         session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared),
@@ -77,17 +77,18 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
                             f"{config.provider} (see its warnings above)", device=config.device)
     if config.device != "cpu":
         session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-    check_signature(session, path)
+    check_signature(session, path, architecture)
     return SessionRunner(session, batch, size, config, device_id)
 
 
-def check_signature(session: ort.InferenceSession, path: Path) -> None:
+def check_signature(session: ort.InferenceSession, path: Path, architecture: str) -> None:
     inputs = {i.name: i.shape for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    if set(inputs) != set(INPUT_NAMES) or set(outputs) not in (set(OUTPUT_NAMES),
-                                                                set(OUTPUT_NAMES) | set(DECODING_OUTPUT_NAMES)):
+    input_names, output_names = signature(architecture)
+    if set(inputs) != set(input_names) or set(outputs) not in (set(output_names),
+                                                                set(output_names) | set(DECODING_OUTPUT_NAMES)):
         raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
-                             f"{list(INPUT_NAMES)} -> {list(OUTPUT_NAMES)} (plus, optionally, "
+                             f"{list(input_names)} -> {list(output_names)} (plus, optionally, "
                              f"{list(DECODING_OUTPUT_NAMES)})", path=str(path))
     free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
     if free:  # a dimension not named batch/samples escaped the overrides: shapes would not be static

@@ -106,3 +106,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if done.returncode != 0:
         pytest.fail(f"{' '.join(command[1:])} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return out
+
+
+@pytest.fixture(scope="session")
+def paraformer_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FunASR's own tiny Paraformer (tests/fixtures/paraformer, a released directory's layout) exported by
+    `python -m export paraformer --checkpoint` in fp32 and int8: parity, verify and serving tests share it."""
+    from export.__main__ import main
+
+    out = tmp_path_factory.mktemp("paraformer") / "model"
+    argv = ["paraformer", "--checkpoint", str(FIXTURES / "paraformer"), "--out", str(out), "--precision", "fp32,int8",
+            "--container", "8"]
+    assert main(argv) == 0
+    return out

@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m server.bench model|load|failover|report`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m server.bench model|paraformer|load|failover|report`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 
 COMMANDS = {
     "model": ("server.bench.model", "time one inference per container and per shape policy (and the peer)"),
+    "paraformer": ("server.bench.paraformer", "one Paraformer inference in the 30 s container, ours against FunASR's export"),
     "load": ("server.bench.load", "N concurrent real-time streams against a server: latency and capacity"),
     "failover": ("server.bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "report": ("server.bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),

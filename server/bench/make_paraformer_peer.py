@@ -1,0 +1,96 @@
+"""Write the Paraformer peer: FunASR's own ONNX export of Paraformer, with the weights of our random model.
+
+    /opt/funasr-venv/bin/python -m server.bench.make_paraformer_peer --out /tmp/pf_peer [--size full]
+
+As server/bench/make_peer.py does for SenseVoice: our seeded random model (export.paraformer.random_model),
+its state_dict loaded strictly into FunASR's Paraformer, exported the way `funasr.utils.export_utils._onnx`
+does it (FunASR's export_meta forward: features in, CifPredictorV2Export with cif_v1_export, decoder
+log-probs and token counts out; the TorchScript exporter, opset 14, dynamic batch and time axes), and the
+int8 graph with our own quantisation recipe. Writes peer.onnx, peer.int8.onnx, am.mvn and peer.json
+(inputs speech f32 [B, T, 560], speech_lengths i32 [B]; outputs logits [B, N, V], token_num [B]).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def funasr_model(dims):
+    """FunASR's Paraformer with the geometry of our ParaformerDimensions (eval mode)."""
+    from funasr.models.paraformer.model import Paraformer
+
+    encoder_conf = dict(output_size=dims.output_size, attention_heads=dims.attention_heads,
+                        linear_units=dims.linear_units, num_blocks=dims.num_blocks, input_layer="pe",
+                        pos_enc_class="SinusoidalPositionEncoder", normalize_before=True,
+                        kernel_size=dims.kernel_size, sanm_shfit=dims.sanm_shift, selfattention_layer_type="sanm")
+    decoder_conf = dict(attention_heads=dims.decoder_attention_heads, linear_units=dims.decoder_linear_units,
+                        num_blocks=dims.decoder_blocks, att_layer_num=dims.decoder_blocks,
+                        kernel_size=dims.decoder_kernel_size, sanm_shfit=dims.decoder_sanm_shift)
+    predictor_conf = dict(idim=dims.output_size, threshold=1.0, l_order=dims.predictor_l_order,
+                          r_order=dims.predictor_r_order, tail_threshold=dims.tail_threshold)
+    model = Paraformer(encoder="SANMEncoder", encoder_conf=encoder_conf, decoder="ParaformerSANMDecoder",
+                       decoder_conf=decoder_conf, predictor="CifPredictorV2", predictor_conf=predictor_conf,
+                       ctc_weight=0.0, input_size=dims.input_size, vocab_size=dims.vocab_size)
+    return model.eval()
+
+
+def export_peer(size: str, seed: int, out: Path) -> dict:
+    import torch
+
+    from export.onnx_export import quantize_int8
+    from export.paraformer import random_model
+    from models.frontend import write_am_mvn
+
+    ours, _ = random_model(size, seed)
+    peer = funasr_model(ours.dims)
+    missing, unexpected = peer.load_state_dict(ours.state_dict(), strict=False)
+    if [k for k in missing if not k.startswith("criterion")] or unexpected:
+        raise SystemExit(f"state_dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    peer = peer.export(encoder="SANMEncoder", predictor="CifPredictorV2", decoder="ParaformerSANMDecoder",
+                       max_seq_len=512, type="onnx")
+    out.mkdir(parents=True, exist_ok=True)
+    write_am_mvn(out / "am.mvn", ours.frontend.cmvn_shift.numpy(), ours.frontend.cmvn_scale.numpy())
+    path = out / "peer.onnx"
+    began = time.perf_counter()
+    with torch.no_grad():
+        torch.onnx.export(
+            peer, peer.export_dummy_inputs(), str(path), do_constant_folding=True, opset_version=14,
+            input_names=peer.export_input_names(), output_names=peer.export_output_names(),
+            dynamic_axes=peer.export_dynamic_axes(), dynamo=False,
+        )
+    exported = time.perf_counter() - began
+    quantize_int8(path, out / "peer.int8.onnx")
+    info = {
+        "architecture": "paraformer", "size": size, "seed": seed, "dimensions": ours.dims.to_dict(),
+        "parameters": sum(p.numel() for p in ours.state_dict().values()),
+        "files": {"fp32": "peer.onnx", "int8": "peer.int8.onnx"}, "cmvn": "am.mvn",
+        "exporter": f"torch {torch.__version__} torch.onnx.export(dynamo=False, opset 14) of FunASR export_meta",
+        "quantisation": "export.onnx_export.quantize_int8 (same recipe as ours)",
+        "export_seconds": round(exported, 1),
+    }
+    (out / "peer.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m server.bench.make_paraformer_peer", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--size", default="full", choices=("full", "tiny"))
+    parser.add_argument("--seed", type=int, default=None, help="default: export.paraformer.DEFAULT_SEED")
+    args = parser.parse_args(argv)
+    try:
+        import funasr  # noqa: F401
+    except ModuleNotFoundError:
+        print("error: funasr is not installed in this Python (use /opt/funasr-venv/bin/python)", file=sys.stderr)
+        return 2
+    from export.paraformer import DEFAULT_SEED
+
+    print(json.dumps(export_peer(args.size, DEFAULT_SEED if args.seed is None else args.seed, args.out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""`python -m export paraformer` and `verify` on Paraformer directories.
+
+conftest's `paraformer_model_dir` is FunASR's own tiny Paraformer (tests/fixtures/paraformer, laid out as
+a released directory: model.pt, config.yaml, am.mvn, tokens.json) exported by the real command in fp32
+and int8. Its graphs must pass verify (padding invariance, no forbidden operator, static shapes) and give
+FunASR's tokens, log-probs and text in a container; bad inputs end in one `error:` line, a non-zero exit
+and no directory. The random-init path is the same code with other weights (`--random-init tiny` runs in
+the slow test).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import yaml
+
+from export.__main__ import main
+from export.verify import make_session
+from pipeline.audio import seconds_to_samples
+from pipeline.modeldir import read_model_directory
+from pipeline.paraformer_decoding import ParaformerOutput, decode_paraformer
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer"
+CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))
+REFERENCE = np.load(FIXTURE / "reference.npz")
+LOGPROB_TOL = 1e-4
+
+
+def fail(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, list[str]]:
+    code = main(argv)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def released_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "released"
+    shutil.copytree(FIXTURE, copy)
+    return copy
+
+
+def test_manifest_and_tokens(paraformer_model_dir: Path) -> None:
+    directory = read_model_directory(paraformer_model_dir)
+    assert directory.manifest.architecture == "paraformer"
+    assert sorted(directory.manifest.files) == ["fp32", "int8"]
+    assert list(directory.tokens) == json.loads((FIXTURE / "tokens.json").read_text(encoding="utf-8"))
+
+
+def test_verify_passes(paraformer_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["verify", str(paraformer_model_dir), "--lengths", "1,3,7.5"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["passed"] and report["tokens_equal"] and report["static_shapes"]
+    assert report["forbidden_ops"] == [] and report["max_abs_err"] <= 4e-6
+    assert all(r["max_abs_err"] == 0 for r in report["precisions"]["int8"].values())  # int8: bit-identical
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_onnx_matches_funasr_in_a_larger_container(paraformer_model_dir: Path, precision: str) -> None:
+    directory = read_model_directory(paraformer_model_dir)
+    audio, _ = soundfile.read(FIXTURE / "audio.wav", dtype="float32")
+    container = np.zeros(seconds_to_samples(5.0), np.float32)
+    container[: len(audio)] = audio
+    session = make_session(directory.onnx_path(precision), len(container))
+    feeds = {"audio": container[None], "audio_lengths": np.array([len(audio)], np.int32)}
+    result = ParaformerOutput.from_graph(session.run(None, feeds))
+    if precision == "int8":  # quantised weights: the same model, not the same numbers
+        assert len(result.token_ids) == CONFIG["result"]["token_count"]
+        return
+    np.testing.assert_array_equal(result.token_ids, REFERENCE["token_ids"])
+    best = REFERENCE["logprobs"][: len(result.token_ids)].max(-1)
+    np.testing.assert_allclose(result.token_logprobs, best, atol=LOGPROB_TOL)
+    np.testing.assert_allclose(result.peaks, REFERENCE["peaks"], atol=LOGPROB_TOL)
+    assert decode_paraformer(result, directory.tokens).text == CONFIG["result"]["text"]
+
+
+def test_another_architecture_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = released_copy(tmp_path)
+    config = yaml.safe_load((source / "config.yaml").read_text(encoding="utf-8"))
+    config.update(model="BiCifParaformer", predictor="CifPredictorV3")
+    (source / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    out = tmp_path / "out"
+    code, lines = fail(capsys, ["paraformer", "--checkpoint", str(source), "--out", str(out)])
+    assert code == 1 and len(lines) == 1
+    assert "describes model BiCifParaformer, predictor CifPredictorV3" in lines[0]
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_sensevoice_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = released_copy(tmp_path)
+    shutil.copy(FIXTURE.parent / "parity" / "model.pt", source / "model.pt")
+    code, lines = fail(capsys, ["paraformer", "--checkpoint", str(source), "--out", str(tmp_path / "out")])
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: checkpoint does not match the model")
+
+
+def test_missing_or_wrong_tokens(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = released_copy(tmp_path)
+    (source / "tokens.json").unlink()
+    code, lines = fail(capsys, ["paraformer", "--checkpoint", str(source), "--out", str(tmp_path / "out")])
+    assert code == 1 and lines == [f"error: {source}: no tokens.json or tokens.txt (the token list is needed to serve text)"]
+    (source / "tokens.txt").write_text("a\nb\n", encoding="utf-8")
+    code, lines = fail(capsys, ["paraformer", "--checkpoint", str(source), "--out", str(tmp_path / "out")])
+    assert code == 1 and lines == [f"error: {source / 'tokens.txt'} has 2 tokens but the checkpoint's output layer has 64"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_container_shorter_than_test_audio(paraformer_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, lines = fail(capsys, ["verify", str(paraformer_model_dir), "--container", "20"])
+    assert code != 0 and lines == ["error: the container (20 s) is shorter than the 29 s test audio"]
+
+
+@pytest.mark.slow
+def test_random_init_tiny_exports_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "tiny"
+    assert main(["paraformer", "--random-init", "tiny", "--out", str(out), "--precision", "fp32,int8"]) == 0
+    assert main(["verify", str(out), "--container", "12", "--lengths", "2,5,11"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["passed"]

@@ -1,0 +1,57 @@
+"""Paraformer decoding: FunASR's text rules and token times, on hand-made graph outputs (no model)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.paraformer_decoding import ParaformerOutput, cif_peaks, decode_paraformer, token_times_ms
+
+TOKENS = ["<blank>", "<s>", "</s>", "你", "好", "世", "界", "hello", "wor@@", "ld", "a", "b", "c", "2024", "，", "<unk>"]
+
+
+def output(ids: list[int], frames: int = 40) -> ParaformerOutput:
+    """Evenly spread CIF weights: one token every 40 / (len + 1) frames, as a model would fire them."""
+    alphas = np.full(frames, (len(ids) + 0.5) / frames, np.float32)
+    return ParaformerOutput(np.array(ids, np.int32), np.zeros(len(ids), np.float32), alphas,
+                            cif_peaks(alphas, 1.0))
+
+
+def text(ids: list[int]) -> str:
+    return decode_paraformer(output(ids), TOKENS).text
+
+
+def test_chinese_without_spaces_english_with_spaces():
+    assert text([3, 4, 5, 6]) == "你好世界"
+    assert text([7, 8, 9]) == "hello world"
+    assert text([3, 4, 7, 5, 6]) == "你好hello世界"  # no space between an English word and a character
+    assert text([7, 13, 3]) == "hello2024你"  # FunASR treats digits as characters: no space either
+
+
+def test_specials_dropped_and_abbreviations_joined():
+    assert text([1, 3, 15, 4, 2]) == "你好"
+    assert text([10, 11, 12, 3]) == "ABC你"
+    assert text([3, 14, 4]) == "你，好"
+
+
+def test_tokens_join_to_the_text_and_words_have_times():
+    transcript = decode_paraformer(output([7, 8, 9, 3, 4]), TOKENS, offset=10.0)
+    assert "".join(t.text for t in transcript.tokens) == transcript.text == "hello world你好"
+    assert [w.text for w in transcript.words] == ["hello", "world", "你", "好"]
+    starts = [w.start for w in transcript.words]
+    assert starts == sorted(starts) and all(10.0 <= w.start <= w.end <= 10.0 + 40 * 0.06 for w in transcript.words)
+
+
+def test_no_tokens_no_text():
+    assert decode_paraformer(output([]), TOKENS).text == ""
+    assert token_times_ms(np.zeros(10, np.float32), np.zeros(10, np.float32), 0) == []
+
+
+def test_long_gap_is_cut_to_twelve_frames():
+    """A token 30 frames after the previous one lasts at most 12 frames (0.72 s); the rest is silence."""
+    alphas = np.zeros(60, np.float32)
+    alphas[[2, 3]] = 0.5  # token 0 fires at frame 3
+    alphas[[34, 35]] = 0.5  # token 1 fires at frame 35
+    alphas[50] = 1.0  # the extra peak FunASR's rule expects
+    times = token_times_ms(alphas, cif_peaks(alphas, 1.0), 2)
+    assert len(times) == 2
+    (s0, e0), (s1, e1) = times
+    assert e0 - s0 <= 720 and s1 >= e0 + 1000  # the silence between them belongs to neither
