@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,verify,train-demo,eval,eval-hotwords,bench-train} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,verify,add-decoding,train-demo,eval,eval-hotwords,bench-train} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ COMMANDS = {
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
+    "add-decoding": ("export.decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
     "eval-hotwords": ("export.hotword_eval", "WER and hotword recall with and without hotwords; beam search time"),

@@ -14,6 +14,8 @@ import numpy as np
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import FREE_DIMENSIONS, INPUT_NAMES, ONNX_FILES, OUTPUT_NAMES, PRECISIONS, ModelManifest, write_model_directory
 
+from .decoding_outputs import add_decoding_to_file
+
 log = logging.getLogger(__name__)
 
 OPSET = 18  # DirectML runs opset <= 20; 18 is the newest the exporter and every DML build agree on
@@ -134,17 +136,19 @@ def write_model_dir(
                 target = tmp / ONNX_FILES[precision]
                 if precision == "fp32":
                     export_onnx(model, target, manifest.opset)
+                    top_k = add_decoding_to_file(target)  # before int8, which is quantised from this file
                 elif precision == "int8":
                     quantize_int8(tmp / ONNX_FILES["fp32"], target)
                 else:
                     # Exported from PyTorch rather than converted: the converters' fp16 passes would have
                     # to keep the frontend float32 (power spectra reach 1e13, past fp16's 65504).
                     export_onnx(copy.deepcopy(model).half_encoder(), target, manifest.opset)
+                    add_decoding_to_file(target, top_k)
                 progress.update()
         if "fp32" not in precisions:
             (tmp / ONNX_FILES["fp32"]).unlink()
         files = {p: ONNX_FILES[p] for p in steps if p in precisions}
-        write_model_directory(tmp, _with_files(manifest, files), tokens)
+        write_model_directory(tmp, _with_files(manifest, files, top_k), tokens)
         os.chmod(tmp, 0o755)
         if out.exists():
             shutil.rmtree(out)
@@ -155,10 +159,10 @@ def write_model_dir(
     return out
 
 
-def _with_files(manifest: ModelManifest, files: dict[str, str]) -> ModelManifest:
+def _with_files(manifest: ModelManifest, files: dict[str, str], top_k: int) -> ModelManifest:
     import dataclasses
 
-    return dataclasses.replace(manifest, files=files)
+    return dataclasses.replace(manifest, files=files, top_k=top_k)
 
 
 def tag_token_ids(tokens: list[str]) -> dict[str, list[int]]:

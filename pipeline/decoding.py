@@ -63,7 +63,25 @@ def decode_ctc(
     if len(tokens) != logprobs.shape[1]:
         raise ValueError(f"{len(tokens)} tokens for a vocabulary of {logprobs.shape[1]}")
     length = max(0, min(int(length), logprobs.shape[0]))
-    ids = np.argmax(logprobs[:length], axis=-1)
+    return decode_ids(np.argmax(logprobs[:length], axis=-1), length, tokens, blank_id, prompt_frames,
+                      frame_seconds, offset)
+
+
+def decode_ids(
+    ids: np.ndarray,
+    length: int,
+    tokens: Sequence[str],
+    blank_id: int = 0,
+    prompt_frames: int = PROMPT_FRAMES,
+    frame_seconds: float = OUTPUT_FRAME_SECONDS,
+    offset: float = 0.0,
+) -> Transcript:
+    """Greedy CTC from the best token id of each frame, int [frames] (the graph's `best_ids`, or the
+    argmax of the log-probs); the first `length` frames are valid. Times as in decode_ctc."""
+    length = max(0, min(int(length), len(ids)))
+    ids = np.asarray(ids[:length])
+    if len(ids) and int(ids.max()) >= len(tokens):
+        raise ValueError(f"token id {int(ids.max())} outside a vocabulary of {len(tokens)}")
     if not length:
         return Transcript(text="")
     change = np.empty(length, bool)

@@ -1,17 +1,22 @@
-"""The inference engine: one warmed-up ONNX Runtime session per container shape.
+"""The inference engine: one warmed-up ONNX Runtime session per (batch size, container) pair.
 
     Engine(model_dir, EngineOptions).load()
         provider    auto: CUDA, then DirectML, then CPU (pipeline/providers.py); an explicit device that
                     cannot start raises ProviderError, auto falls back with a warning
         precision   auto: int8 on CPU when exported, fp16 on GPUs when exported, else fp32
-        sessions    one per container (pipeline/shapes.py), every free dimension fixed with
-                    add_free_dimension_override_by_name (batch=1, samples=container); on CPU with several
-                    containers the weights are loaded once and shared through SessionOptions.add_initializer
+        grid        batch sizes (pipeline/batching.py: 1,4,16 on GPUs, 1 on CPU; int8 always 1) x
+                    containers (pipeline/shapes.py); each pair is one session (pipeline/sessions.py) with
+                    every free dimension fixed; on CPU the weights are loaded once and shared
         warm-up     each session runs once with exactly its shape before the engine is ready
+    engine.infer([Clip], topk=False, full=False) -> [ClipOutput]   clips grouped by container, packed
+                into the grid's batches; a clip's output does not depend on its batch-mates
+    engine.transcribe_many([Clip], offsets) -> [Transcript];  engine.transcribe(audio, ...) -> Transcript
     engine.run(audio float32 [n]) -> (logprobs float32 [frames, vocab], valid frames)
-    engine.transcribe(audio, language, itn, offset) -> pipeline.decoding.Transcript
     engine.transcribe(..., hotwords=engine.hotword_graph(words))   beam search biased to the hotwords
+                (Clip.hotwords in transcribe_many; it decodes the graph's top-k, or the host's for old graphs)
 
+Graphs with in-graph decoding (pipeline/modeldir.py) return per-frame best ids and top-k; the host then
+receives the full [frames, vocab] log-probs only when a caller asks (`full=True`, run()).
 The engine is synchronous and thread-confined: the server calls it from its one worker thread.
 A call whose padded shape no session was warmed with is refused (UnwarmedShapeError) and counted: on
 DirectML it would compile throwaway kernels on every such call.
@@ -21,27 +26,27 @@ ProtocolError code "bad_start" (a language the model does not know; the server s
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
-from .beam_search import DEFAULT_BEAM, beam_search, top_k
-from .decoding import Transcript, decode_ctc
+from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack,
+                       plan_batches, unpack, validate_batch_sizes)
+from .beam_search import DEFAULT_BEAM, beam_search
+from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .hotwords import ContextGraph, Hotword, Speller
-from .initializers import read_initializers
-from .modeldir import FREE_DIMENSIONS, read_model_directory, signature
+from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
-from .providers import (DEVICES, PROVIDERS, ProviderConfig, SessionRunner, candidate_devices, conflicting_runtimes,
-                        is_device_failure, provider_config)
+from .providers import (DEVICES, PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure,
+                        provider_config)
+from .sessions import create_session, load_shared_weights, process_rss, release_free_memory
 from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
 
 log = logging.getLogger(__name__)
@@ -57,9 +62,11 @@ class EngineOptions:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "directml"; see providers.resolve_device for the CLI/env
     precision: str = "auto"  # "auto" | "fp32" | "int8" | "fp16"
     containers: tuple[float, ...] | None = None  # seconds; None: the provider's default (pipeline/shapes.py)
+    batch_sizes: tuple[int, ...] | None = None  # rows per run; None: the device's default (pipeline/batching.py)
     threads: int = 0  # intra_op_num_threads; 0: ONNX Runtime's default (one per physical core)
     device_id: int | None = None  # GPU / DirectML adapter index; None: CUDA 0, DirectML by preference
     cuda_graph: bool = False  # CUDA only: capture each session's graph once and replay it (IO binding)
+    allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
     dml_performance_preference: str = "high_performance"
     share_weights: bool = True  # one copy of the weights for all CPU sessions
 
@@ -70,6 +77,8 @@ class EngineOptions:
             raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}")
         if self.containers is not None:
             ShapePolicy(self.containers)  # raises ValueError when invalid
+        if self.batch_sizes is not None:
+            object.__setattr__(self, "batch_sizes", validate_batch_sizes(self.batch_sizes))
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
 
@@ -78,17 +87,21 @@ class EngineOptions:
 class EngineStats:
     """Counters of one engine (mutated only by its thread; read anywhere for metrics)."""
 
-    calls: int = 0  # run() calls that reached a session
+    calls: int = 0  # session runs that were attempted (one per batch)
     failures: int = 0  # runs that raised InferenceError (the unwarmed ones included)
     unwarmed_calls: int = 0
     rebuilds: int = 0
+    rows: int = 0  # clips run
+    spare_rows: int = 0  # padding rows of partly filled batches
     inference_seconds: float = 0.0  # total wall time inside ONNX Runtime
     last_inference_seconds: float = 0.0
     last_container: int = 0  # samples
+    last_batch: int = 0
     load_seconds: float = 0.0
     rss_before_load: int | None = None  # bytes, process resident set size
     rss_after_load: int | None = None
     shared_weight_bytes: int = 0  # weights held once for all sessions (0: each session has its own)
+    session_rss: dict[str, int] = field(default_factory=dict)  # "4x30s" -> host RSS grown by its creation + warm-up
 
 
 def choose_precision(requested: str, device: str, available: dict) -> str:
@@ -103,26 +116,8 @@ def default_containers(device: str) -> tuple[float, ...]:
     return DEFAULT_CPU_CONTAINERS if device == "cpu" else DEFAULT_GPU_CONTAINERS
 
 
-def release_free_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc only). Loading parses each graph once per session;
-    glibc keeps those freed buffers, which showed as 2-3x the weights in RSS after load (measured)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to do
-
-
-def process_rss() -> int | None:
-    """This process's resident set size in bytes (Linux /proc; None where unknown)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 class Engine:
-    """Runs the model of one model directory on fixed container shapes. Call load() before use."""
+    """Runs the model of one model directory on a fixed grid of shapes. Call load() before use."""
 
     def __init__(self, model_dir: str | Path, options: EngineOptions = EngineOptions()) -> None:
         self.options = options
@@ -135,14 +130,17 @@ class Engine:
         self.provider: str | None = None
         self.precision: str | None = None
         self.policy: ShapePolicy | None = None
-        self._sessions: dict[int, SessionRunner] = {}
-        self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}  # must outlive the sessions
+        self.batch_sizes: tuple[int, ...] = ()
+        self.in_graph_decoding = False  # the graph outputs best ids and top-k (DECODING_OUTPUT_NAMES)
+        self.paraformer = self.model.manifest.architecture == "paraformer"  # else a CTC model (SenseVoice)
+        self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
+        self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
         self._speller: Speller | None = None  # hotword spelling, made on first use
 
     # ---- loading ------------------------------------------------------------------------------------
 
     def load(self, warm_up: bool = True) -> Engine:
-        """Create every container's session on the chosen provider and warm each one (see module doc).
+        """Create every session of the grid on the chosen provider and warm each one (see module doc).
 
         `warm_up=False` leaves the engine not ready (every run refused): only for tests and measurements.
         """
@@ -175,102 +173,69 @@ class Engine:
         return self
 
     def _build(self, device: str) -> None:
-        """Create the sessions of every container on `device` (replacing any existing ones)."""
+        """Create the sessions of the whole grid on `device` (replacing any existing ones)."""
         self._sessions, self._shared = {}, {}
-        self.stats.shared_weight_bytes = 0
+        self.stats.shared_weight_bytes, self.stats.session_rss = 0, {}
         precision = choose_precision(self.options.precision, device, self.model.manifest.files)
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
         policy = ShapePolicy(self.options.containers or default_containers(device))
+        # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
+        batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
-                                 self.options.dml_performance_preference)
-        if self.options.share_weights and device == "cpu" and len(policy.sizes) > 1:
-            self._load_shared(path)
+                                 self.options.allow_tf32, self.options.dml_performance_preference)
+        grid = [(b, size) for size in policy.sizes for b in batch_sizes]
+        if self.options.share_weights and device == "cpu" and len(grid) > 1:
+            self._shared = load_shared_weights(path)
+            self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
+
+        def create(batch: int, size: int) -> SessionRunner:
+            before = process_rss()
+            runner = create_session(path, batch, size, config, self.options.threads, self._shared,
+                                    self.options.device_id or 0, self.model.manifest.architecture)
+            self._note_rss(batch, size, before)
+            return runner
+
         try:
-            sessions = {size: self._create(path, size, config) for size in policy.sizes}
+            sessions = {key: create(*key) for key in grid}
         except ModelLoadError:
             if not self._shared:
                 raise
             log.warning("sharing weights between sessions failed; loading one copy per session")
             self._shared, self.stats.shared_weight_bytes = {}, 0
-            sessions = {size: self._create(path, size, config) for size in policy.sizes}
-        self._sessions, self.policy = sessions, policy
+            sessions = {key: create(*key) for key in grid}
+        self._sessions, self.policy, self.batch_sizes = sessions, policy, batch_sizes
         self.device, self.provider, self.precision = device, config.provider, precision
-        log.info("engine: %s, %s graph %s, containers %s s, %s", self.provider, precision, path.name,
-                 ",".join(f"{c:g}" for c in policy.containers),
+        first = next(iter(sessions.values()))
+        self.in_graph_decoding = all(name in first.output_names for name in DECODING_OUTPUT_NAMES)
+        log.info("engine: %s, %s graph %s, containers %s s, batch sizes %s, %s, %s", self.provider, precision,
+                 path.name, ",".join(f"{c:g}" for c in policy.containers), ",".join(map(str, batch_sizes)),
+                 "decoding in the graph" if self.in_graph_decoding else "decoding on the host",
                  f"{self.stats.shared_weight_bytes / 2**20:.0f} MiB of weights shared" if self._shared
                  else "weights per session")
 
-    def _load_shared(self, path: Path) -> None:
-        try:
-            arrays = read_initializers(path)
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("cannot read the weights of %s for sharing (%s); one copy per session", path, exc)
-            return
-        self._shared = {name: (a, ort.OrtValue.ortvalue_from_numpy(a)) for name, a in arrays.items()}
-        self.stats.shared_weight_bytes = sum(a.nbytes for a in arrays.values())
-
-    def _session_options(self, size: int, config: ProviderConfig) -> ort.SessionOptions:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = self.options.threads
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.enable_mem_pattern = config.enable_mem_pattern
-        batch, samples = FREE_DIMENSIONS
-        so.add_free_dimension_override_by_name(batch, 1)
-        so.add_free_dimension_override_by_name(samples, size)
-        for key, value in config.session_config.items():
-            so.add_session_config_entry(key, value)
-        if self._shared:
-            # Prepacking would give every session its own packed copy of each weight (measured: sharing
-            # with prepacking used more memory than no sharing at all), so shared weights stay unpacked.
-            so.add_session_config_entry("session.disable_prepacking", "1")
-            for name, (_, value) in self._shared.items():
-                so.add_initializer(name, value)
-        return so
-
-    def _create(self, path: Path, size: int, config: ProviderConfig) -> SessionRunner:
-        try:
-            session = ort.InferenceSession(str(path), self._session_options(size, config),
-                                           providers=list(config.providers),
-                                           provider_options=list(config.provider_options))
-        except Exception as exc:  # ORT raises its own classes (InvalidProtobuf, Fail, EPFail, ...)
-            if config.device != "cpu":
-                raise ProviderError(f"{config.provider} failed to create a session: {exc}", device=config.device) from exc
-            raise ModelLoadError(f"{path}: ONNX Runtime cannot load it: {exc}", path=str(path)) from exc
-        started = session.get_providers()[0]
-        if started != config.provider:  # a provider that fails to initialise only warns
-            raise ProviderError(f"{config.device} requested, but ONNX Runtime started {started} instead of "
-                                f"{config.provider} (see its warnings above)", device=config.device)
-        if config.device != "cpu":
-            session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-        self._check_signature(session, path)
-        return SessionRunner(session, size, config, self.options.device_id or 0)
-
-    def _check_signature(self, session: ort.InferenceSession, path: Path) -> None:
-        inputs = {i.name: i.shape for i in session.get_inputs()}
-        outputs = [o.name for o in session.get_outputs()]
-        input_names, output_names = signature(self.model.manifest.architecture)
-        if set(inputs) != set(input_names) or set(outputs) != set(output_names):
-            raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
-                                 f"{list(input_names)} -> {list(output_names)}", path=str(path))
-        free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
-        if free:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
-            raise ModelLoadError(f"{path}: inputs with free dimensions other than {FREE_DIMENSIONS}: {free}")
-
     def warm_up(self) -> None:
-        """Run each session once with exactly its container shape; afterwards the engine is ready."""
-        for size, session in self._sessions.items():
-            audio = np.zeros(size, np.float32)
-            t = time.perf_counter()
-            feed = self._feed(audio, int(size * WARMUP_FILL), self.language_id("auto"), self.textnorm_id(False))
-            for _ in range(2 if session.config.io_binding else 1):  # CUDA captures its graph on run 2
-                self._infer(session, feed, warming=True)
+        """Run each session once with exactly its shape; afterwards the engine is ready."""
+        prompt = (self.language_id("auto"), self.textnorm_id(False))
+        for (batch, size), session in self._sessions.items():
+            t, rss = time.perf_counter(), process_rss()
+            clip = np.zeros(int(size * WARMUP_FILL), np.float32)
+            feed = pack([clip] * batch, [prompt] * batch, batch, size)
+            self._infer(session, feed, session.output_names, warming=True)
             session.warmed = True
-            log.info("warmed the %.3g s container in %.2f s", samples_to_seconds(size), time.perf_counter() - t)
+            self._note_rss(batch, size, rss)
+            log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - t)
+
+    def _note_rss(self, batch: int, size: int, before: int | None) -> None:
+        """Add the resident memory grown since `before` to the session's figure (host memory only: a GPU
+        session's device memory does not show here)."""
+        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s"
+        if before is not None and after is not None:
+            self.stats.session_rss[key] = self.stats.session_rss.get(key, 0) + after - before
 
     def rebuild(self, device: str | None = None) -> None:
-        """Drop every session and create and warm them again (on `device`, default the current one)."""
+        """Drop every session of the grid and create and warm them again (on `device`, default the current one)."""
         device = device or self.device or "cpu"
         log.warning("rebuilding the engine's sessions on %s (was %s)", device, self.provider)
         self._build(device)
@@ -289,9 +254,9 @@ class Engine:
         """Container lengths in seconds (empty before load)."""
         return self.policy.containers if self.policy else ()
 
-    def session_for(self, size: int) -> ort.InferenceSession:
-        """The ONNX Runtime session of the container of `size` samples (for inspection and tests)."""
-        return self._sessions[size].session
+    def session_for(self, size: int, batch: int = 1) -> ort.InferenceSession:
+        """The ONNX Runtime session of `batch` rows of `size` samples (for inspection and tests)."""
+        return self._sessions[(batch, size)].session
 
     def language_id(self, language: str) -> int:
         """The prompt id of a language code; ProtocolError("bad_start") when the model does not know it."""
@@ -306,47 +271,86 @@ class Engine:
 
     # ---- inference ----------------------------------------------------------------------------------
 
-    def run(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> tuple[np.ndarray, int]:
-        """audio float32 [n] at SAMPLE_RATE -> (logprobs float32 [frames, vocab], valid frames)."""
-        logprobs, lengths = self.run_outputs(audio, language, itn)[:2]
-        return logprobs[0], int(lengths[0])
-
-    def run_outputs(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> list[np.ndarray]:
-        """audio float32 [n] at SAMPLE_RATE -> the graph's outputs, batch of one (SenseVoice: logprobs and
-        lengths; Paraformer: pipeline/paraformer_decoding.py). The clip is zero-padded into the smallest
-        container that holds it; the graph gets its true length.
-        """
-        audio = np.asarray(audio, dtype=np.float32)
-        if audio.ndim != 1:
-            raise ValueError(f"audio must be mono [samples], got shape {audio.shape}")
-        lang, norm = self.language_id(language), self.textnorm_id(itn)
+    def infer(self, clips: Sequence[Clip], topk: bool = False, full: bool = False) -> list[ClipOutput]:
+        """Run clips together: grouped by container, packed into the grid's batch sizes (spare rows are
+        silence), one ClipOutput per clip in order. `topk`: also the per-frame top-k ids and log-probs;
+        `full`: also the full log-probs [frames, vocab]. A Paraformer gives a ParaformerOutput per clip.
+        Any failure raises for the whole call (the caller may retry clip by clip)."""
         if self.policy is None:
             raise InferenceError("the engine is not loaded; call load() first")
-        try:
-            size = self.policy.container_for(len(audio))
-        except ValueError as exc:
-            self.stats.failures += 1
-            raise InferenceError(str(exc), samples=len(audio)) from None
-        padded = np.zeros(size, np.float32)
-        padded[: len(audio)] = audio
-        return self.infer_padded(padded, len(audio), lang, norm)
+        audios, prompts, containers = [], [], []
+        for clip in clips:
+            audio = np.asarray(clip.audio, dtype=np.float32)
+            if audio.ndim != 1:
+                raise ValueError(f"audio must be mono [samples], got shape {audio.shape}")
+            prompts.append((self.language_id(clip.language), self.textnorm_id(clip.itn)))
+            try:
+                containers.append(self.policy.container_for(len(audio)))
+            except ValueError as exc:
+                self.stats.failures += 1
+                raise InferenceError(str(exc), samples=len(audio)) from None
+            audios.append(audio)
+        results: list[ClipOutput | None] = [None] * len(audios)
+        overhead = CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"]
+        for run in plan_batches(containers, self.batch_sizes, overhead):
+            feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
+            outputs = self._run_batch(run, feed, topk, full)
+            for row, index in enumerate(run.rows):
+                results[index] = (ParaformerOutput.from_graph([outputs[n] for n in PARAFORMER_OUTPUT_NAMES], row)
+                                  if self.paraformer else
+                                  unpack(outputs, row, topk, full, self.model.manifest.blank_id))
+        return results  # type: ignore[return-value]
+
+    def run(self, audio: np.ndarray, language: str = "auto", itn: bool = False) -> tuple[np.ndarray, int]:
+        """audio float32 [n] at SAMPLE_RATE -> (logprobs float32 [frames, vocab], valid frames) (CTC models).
+
+        The clip is zero-padded into the smallest container that holds it; the graph gets its true length.
+        """
+        out = self.infer([Clip(audio, language, itn)], full=True)[0]
+        return out.logprobs, out.length  # type: ignore[return-value]
 
     def run_padded(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> tuple[np.ndarray, int]:
-        """Run one already padded clip, float32 [samples] with `length` valid samples; `samples` must be a
-        warmed container, else UnwarmedShapeError (counted and logged)."""
-        logprobs, lengths = self.infer_padded(padded, length, language_id, textnorm_id)[:2]
-        return logprobs[0], int(lengths[0])
+        """Run one already padded clip, float32 [samples] with `length` valid samples, batch 1; `samples`
+        must be a warmed container, else UnwarmedShapeError (counted and logged)."""
+        feed = pack([padded[:length]], [(language_id, textnorm_id)], 1, len(padded))
+        feed["audio"][0] = padded  # the padding as given (callers test that it does not matter)
+        outputs = self._run_batch(Run(1, len(padded), (0,)), feed, topk=False, full=True)
+        return outputs[OUTPUT_NAMES[0]][0], int(outputs[OUTPUT_NAMES[1]][0])
 
-    def infer_padded(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> list[np.ndarray]:
-        """run_padded, returning every graph output."""
-        session = self._sessions.get(len(padded))
+    def transcribe_many(self, clips: Sequence[Clip], offsets: Sequence[float] | None = None) -> list[Transcript]:
+        """infer() and CTC decoding: greedy, or for a clip with hotwords a prefix beam search over its top-k,
+        biased towards them; token times are seconds from each clip's offset (its first sample)."""
+        m = self.model.manifest
+        offsets = offsets if offsets is not None else [0.0] * len(clips)
+        outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
+        if self.paraformer:
+            return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
+        frames = dict(blank_id=m.blank_id, prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds)
+        return [decode_ids(out.best_ids, out.length, self.model.tokens, offset=offset, **frames)
+                if clip.hotwords is None else
+                beam_search(out.topk_ids, out.topk_logprobs, out.length, self.model.tokens, clip.hotwords, clip.beam,
+                            offset=offset, **frames)
+                for clip, out, offset in zip(clips, outputs, offsets)]
+
+    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0,
+                   hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
+        """One clip through transcribe_many(); `hotwords` from hotword_graph()."""
+        return self.transcribe_many([Clip(audio, language, itn, hotwords, beam)], [offset])[0]
+
+    def _run_batch(self, run: Run, feed: dict[str, np.ndarray], topk: bool, full: bool) -> dict[str, np.ndarray]:
+        session = self._sessions.get((run.batch, run.size))
         if session is None or not session.warmed:
             self.stats.unwarmed_calls += 1
             self.stats.failures += 1
-            log.error("refused a call of %d samples: no session warmed with that shape (containers %s)",
-                      len(padded), ",".join(map(str, self._sessions)))
-            raise UnwarmedShapeError(f"no session was warmed for {len(padded)} samples", samples=len(padded))
-        return self._infer(session, self._feed(padded, length, language_id, textnorm_id))
+            log.error("refused a call of %d x %d samples: no session warmed with that shape (grid %s)",
+                      run.batch, run.size, ",".join(f"{b}x{s}" for b, s in self._sessions))
+            raise UnwarmedShapeError(f"no session was warmed for {run.batch} x {run.size} samples",
+                                     samples=run.size, batch=run.batch)
+        names = session.output_names if self.paraformer else output_names(self.in_graph_decoding, topk, full)
+        outputs = dict(zip(names, self._infer(session, feed, names)))
+        self.stats.rows += len(run.rows)
+        self.stats.spare_rows += run.batch - len(run.rows)
+        return outputs
 
     def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
         """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
@@ -356,64 +360,44 @@ class Engine:
         self._speller = self._speller or Speller(self.model.tokens)
         return ContextGraph(hotwords, self._speller) if hotwords else None
 
-    def transcribe(self, audio: np.ndarray, language: str = "auto", itn: bool = False, offset: float = 0.0,
-                   hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
-        """run() and CTC decoding: greedy, or with `hotwords` a prefix beam search biased towards them;
-        token times are seconds from `offset` (the clip's first sample). Paraformer: its own decoding, as
-        the manifest's architecture says."""
-        m = self.model.manifest
-        if m.architecture == "paraformer":
-            outputs = ParaformerOutput.from_graph(self.run_outputs(audio, language, itn))
-            return decode_paraformer(outputs, self.model.tokens, offset=offset)
-        logprobs, length = self.run(audio, language, itn)
-        if hotwords is not None:
-            ids, values = top_k(logprobs, length, blank_id=m.blank_id)
-            return beam_search(ids, values, length, self.model.tokens, hotwords, beam, blank_id=m.blank_id,
-                               prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds, offset=offset)
-        return decode_ctc(logprobs, length, self.model.tokens, blank_id=m.blank_id, prompt_frames=m.prompt_frames,
-                          frame_seconds=m.output_frame_seconds, offset=offset)
-
-    def _feed(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> dict[str, np.ndarray]:
-        feed = {"audio": padded[None, :], "audio_lengths": np.array([length], np.int32),
-                "language": np.array([language_id], np.int32), "textnorm": np.array([textnorm_id], np.int32)}
-        return {name: feed[name] for name in signature(self.model.manifest.architecture)[0]}
-
-    def _infer(self, session: SessionRunner, feed: dict[str, np.ndarray], warming: bool = False,
-               recover: bool = True) -> list[np.ndarray]:
+    def _infer(self, session: SessionRunner, feed: dict[str, np.ndarray], names: tuple[str, ...],
+               warming: bool = False, recover: bool = True) -> list[np.ndarray]:
         if not warming:
             self.stats.calls += 1
         t = time.perf_counter()
         try:
             if self.fault_hook is not None and not warming:
                 self.fault_hook(self.stats.calls)
-            outputs = session.run(feed)
+            outputs = session.run(feed, names)
         except Exception as exc:
             self.stats.failures += 1
-            # A device failure (lost GPU, out of memory) rebuilds the sessions; on CPU too, where a fresh
-            # session frees a poisoned arena. The retry runs with recover=False: one rebuild per call.
+            # A device failure (lost GPU, out of memory) rebuilds every session of the grid; on CPU too,
+            # where a fresh session frees a poisoned arena. The retry runs with recover=False: one rebuild
+            # per call.
             if recover and not warming and is_device_failure(exc):
-                return self._recover(feed, exc)
-            raise InferenceError(f"inference on {self.provider} failed: {exc}", container=session.size) from exc
+                return self._recover(session, feed, names, exc)
+            raise InferenceError(f"inference on {self.provider} failed: {exc}", container=session.size,
+                                 batch=session.batch) from exc
         elapsed = time.perf_counter() - t
         if not warming:
             self.stats.inference_seconds += elapsed
             self.stats.last_inference_seconds = elapsed
-            self.stats.last_container = session.size
+            self.stats.last_container, self.stats.last_batch = session.size, session.batch
         return outputs
 
-    def _recover(self, feed: dict[str, np.ndarray], exc: Exception) -> list[np.ndarray]:
-        """The device failed mid-run: rebuild on the same device, else on CPU, then retry this call once."""
+    def _recover(self, failed: SessionRunner, feed: dict[str, np.ndarray], names: tuple[str, ...],
+                 exc: Exception) -> list[np.ndarray]:
+        """The device failed mid-run: rebuild on the same device, else on CPU, then retry this call once
+        (a rebuilt grid without this shape, e.g. int8 on CPU after a GPU loss, fails the call: the worker
+        then retries clip by clip)."""
         log.error("%s failed (%s); rebuilding", self.provider, exc)
         try:
             self.rebuild()
         except Exception as again:  # noqa: BLE001 - any failure here means the device is gone
             log.error("rebuilding on %s failed (%s); continuing on CPU", self.device, again)
             self.rebuild("cpu")
-        length = int(feed["audio_lengths"][0])
-        if self.policy is None or length > self.policy.largest:
-            raise InferenceError(f"inference failed and the rebuilt engine cannot hold {length} samples") from exc
-        padded = np.zeros(self.policy.container_for(length), np.float32)
-        padded[:length] = feed["audio"][0, :length]
-        prompts = (int(feed[name][0]) if name in feed else 0 for name in ("language", "textnorm"))
-        retry = self._feed(padded, length, *prompts)
-        return self._infer(self._sessions[len(padded)], retry, recover=False)
+        session = self._sessions.get((failed.batch, failed.size))
+        if session is None:
+            raise InferenceError(f"inference failed and the rebuilt engine has no {failed.batch} x {failed.size} "
+                                 f"session") from exc
+        return self._infer(session, feed, names, recover=False)

@@ -8,6 +8,9 @@ The graph's inputs: `audio` float32 [batch, samples] in [-1, 1], `audio_lengths`
 samples), `language` int32 [batch] and `textnorm` int32 [batch] (prompt rows of the embedding).
 Outputs: `logprobs` float32 [batch, frames, vocab] (CTC log-probabilities, the 4 prompt frames first) and
 `logprob_lengths` int32 [batch] (valid frames). `batch` and `samples` are named free dimensions.
+Graphs exported since the decoding step (export/decoding_outputs.py; manifest `top_k` > 0) also output
+`best_ids` int32 [batch, frames], `best_logprobs` float32 [batch, frames], `topk_ids` int32
+[batch, frames, top_k] and `topk_logprobs` float32 [batch, frames, top_k]; older directories lack them.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ ONNX_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp
 FREE_DIMENSIONS = ("batch", "samples")
 INPUT_NAMES = ("audio", "audio_lengths", "language", "textnorm")
 OUTPUT_NAMES = ("logprobs", "logprob_lengths")
+DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs")
 # Paraformer graphs (architecture "paraformer"): audio and lengths in; the best token per position, its
 # log-prob, the token count, CIF weights and peaks, and the valid CIF frames out (pipeline/paraformer_decoding.py).
 PARAFORMER_INPUT_NAMES = ("audio", "audio_lengths")
@@ -60,6 +64,7 @@ class ModelManifest:
     blank_id: int = 0
     tag_tokens: dict = field(default_factory=dict)  # "language"|"emotion"|"event"|"textnorm" -> token ids
     opset: int = 18
+    top_k: int = 0  # k of the in-graph decoding outputs (DECODING_OUTPUT_NAMES); 0: the graphs have none
     format: str = MANIFEST_FORMAT
     # One line for the people using the server (the browser page, the startup log) when the name and
     # languages would mislead, e.g. what a demo model recognises; empty for a general model.

@@ -3,7 +3,9 @@ which runs one session plainly or through IO binding.
 
     device      provider                 session settings
     cpu         CPUExecutionProvider     defaults
-    cuda        CUDAExecutionProvider    device_id; enable_cuda_graph when asked (needs IO binding)
+    cuda        CUDAExecutionProvider    device_id; use_tf32 0 unless allowed (TF32 matmuls broke fp32's
+                                         padding invariance on an H100: 1.7e-3, 1.1 % of argmaxes moved;
+                                         3.8e-6 and none with use_tf32=0); enable_cuda_graph when asked
     directml    DmlExecutionProvider     enable_mem_pattern off, sequential execution; device_id, or
                                          performance_preference + device_filter when no adapter is named
 
@@ -18,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
-
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
                 "tensor(int64)": np.int64}
@@ -89,6 +90,7 @@ def provider_config(
     device: str,
     device_id: int | None = None,
     cuda_graph: bool = False,
+    allow_tf32: bool = False,
     dml_performance_preference: str = "high_performance",
     dml_device_filter: str = "gpu",
 ) -> ProviderConfig:
@@ -100,9 +102,11 @@ def provider_config(
         # cores: a 15 s int8 run 0.49-0.55 s without spinning, 1.0-1.16 s with it; docs/benchmarks.md).
         return ProviderConfig(device, (cpu,), ({},), session_config={"session.intra_op.allow_spinning": "0"})
     if device == "cuda":
-        options = {"device_id": str(device_id or 0)}
+        options = {"device_id": str(device_id or 0), "use_tf32": "1" if allow_tf32 else "0"}
         if cuda_graph:
-            # One graph per session; static shapes (our containers) and fixed input/output addresses.
+            # One graph per session (one session per batch size and container, so no gpu_graph_id is
+            # needed); static shapes, fixed input/output addresses (SessionRunner), every node on CUDA
+            # (ONNX Runtime refuses to create the session otherwise).
             options["enable_cuda_graph"] = "1"
         return ProviderConfig(device, (PROVIDERS["cuda"], cpu), (options, {}), io_binding=cuda_graph)
     if device == "directml":
@@ -128,46 +132,58 @@ def is_device_failure(exc: BaseException) -> bool:
 
 
 class SessionRunner:
-    """One container's InferenceSession, fed with the dtypes the graph declares; with `config.io_binding`,
-    run through IO binding on buffers that stay at fixed addresses (what CUDA graphs need)."""
+    """One (batch, container) session, fed with the dtypes the graph declares, fetching only the outputs a
+    call names. With `config.io_binding` (CUDA graphs) it runs through IO binding on buffers at fixed
+    addresses: every input and output is allocated once on the device, *before the first run*, and
+    inputs are overwritten in place (OrtValue.update_inplace) on every call.
 
-    def __init__(self, session: ort.InferenceSession, size: int, config: ProviderConfig, device_id: int) -> None:
-        self.session, self.size, self.config, self.device_id = session, size, config, device_id
+    Why before the first run: ONNX Runtime captures the CUDA graph inside the first run_with_iobinding
+    call (a regular run, then a second, captured one, in the same call), recording the addresses bound at
+    that moment. The former runner bound its outputs to ORT-allocated buffers for that first run and
+    rebound them to new buffers afterwards: every replay then wrote into the first, since freed, buffers
+    and the caller read buffers nothing wrote (output lengths 0, unrelated log-probs on the H100).
+    Output shapes are known before any run because every free dimension is fixed by the overrides.
+    """
+
+    def __init__(self, session: ort.InferenceSession, batch: int, size: int, config: ProviderConfig,
+                 device_id: int) -> None:
+        self.session, self.batch, self.size, self.config, self.device_id = session, batch, size, config, device_id
         self.memory = "cuda" if config.device == "cuda" else "cpu"  # where bound buffers live
         self.dtypes = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
-        self.output_names = [o.name for o in session.get_outputs()]  # in the graph's order (family-specific)
+        self.output_names = tuple(o.name for o in session.get_outputs())
         self.warmed = False
         self._binding: ort.IOBinding | None = None
         self._inputs: dict[str, ort.OrtValue] = {}
-        self._outputs: list[ort.OrtValue] = []
+        self._outputs: dict[str, ort.OrtValue] = {}
 
-    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items()}
+    def run(self, feed: dict[str, np.ndarray], names: tuple[str, ...] | None = None) -> list[np.ndarray]:
+        """The outputs `names` (default: all) for one batch; the host receives only those."""
+        names = tuple(names or self.output_names)
+        # only the inputs this graph has (a Paraformer takes no language or text-norm prompt)
+        feed = {k: np.ascontiguousarray(v, dtype=self.dtypes[k]) for k, v in feed.items() if k in self.dtypes}
         if not self.config.io_binding:
-            return self.session.run(self.output_names, feed)
+            return self.session.run(list(names), feed)
         if self._binding is None:
-            return self._first_bound_run(feed)
-        for name, value in feed.items():  # CUDA graphs replay fixed addresses: copy into the bound buffers
-            self._inputs[name].update_inplace(value)
+            self._bind(feed)
+        else:
+            for name, value in feed.items():  # CUDA graphs replay fixed addresses: copy into the bound buffers
+                self._inputs[name].update_inplace(value)
         self.session.run_with_iobinding(self._binding)
-        # numpy() of a CPU OrtValue may alias its buffer, which the next run overwrites; from CUDA it copies
-        return [v.numpy().copy() if self.memory == "cpu" else v.numpy() for v in self._outputs]
+        # numpy() of a CPU OrtValue aliases its buffer, which the next run overwrites; from CUDA it copies
+        return [self._outputs[n].numpy().copy() if self.memory == "cpu" else self._outputs[n].numpy() for n in names]
 
-    def _first_bound_run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        # The CUDA provider runs once normally before it captures; that run tells the output shapes, so
-        # the outputs can then be bound to buffers that stay put for every replay.
+    def _bind(self, feed: dict[str, np.ndarray]) -> None:
+        outputs = {o.name: (o.shape, _NUMPY_TYPES.get(o.type)) for o in self.session.get_outputs()}
+        unknown = {n: shape for n, (shape, dtype) in outputs.items()
+                   if dtype is None or not all(isinstance(d, int) for d in shape)}
+        if unknown:
+            raise RuntimeError(f"IO binding needs static output shapes and known types, got {unknown}")
         binding = self.session.io_binding()
         self._inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, self.memory, self.device_id) for k, v in feed.items()}
+        self._outputs = {n: ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.memory, self.device_id)
+                         for n, (shape, dtype) in outputs.items()}
         for name, value in self._inputs.items():
             binding.bind_ortvalue_input(name, value)
-        for name in self.output_names:
-            binding.bind_output(name, self.memory, self.device_id)
-        self.session.run_with_iobinding(binding)
-        outputs = [v.numpy() for v in binding.get_outputs()]
-        self._outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, o.dtype, self.memory, self.device_id)
-                         for o in outputs]
-        binding.clear_binding_outputs()
-        for name, value in zip(self.output_names, self._outputs):
+        for name, value in self._outputs.items():  # every output: the captured graph writes them all
             binding.bind_ortvalue_output(name, value)
         self._binding = binding
-        return outputs

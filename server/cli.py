@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from pipeline.batching import parse_batch_sizes
 from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
 from pipeline.hotwords import read_hotwords_file
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--containers", type=_containers, default=None,
                    help="container lengths in seconds, e.g. 1,2,4,8,15,30 (default: that ladder on CPU, 30 on GPUs)")
     p.add_argument("--threads", type=int, default=d.threads, help="ONNX Runtime threads (0: one per core)")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=None,
+                   help="rows per model run, e.g. 1,4,16 (default: that on GPUs, 1 on CPU; int8 always 1)")
+    p.add_argument("--cuda-graph", action="store_true", help="CUDA: capture each session's graph and replay it")
+    p.add_argument("--allow-tf32", action="store_true", help="CUDA: TF32 matmuls for fp32 (faster, not exact)")
     p.add_argument("--vad-aggressiveness", type=int, default=d.vad_aggressiveness, help="webrtcvad mode 0-3")
     p.add_argument("--end-silence", type=float, default=d.end_silence, help="seconds of silence that end a segment")
     p.add_argument("--pre-roll", type=float, default=d.pre_roll, help="seconds kept before speech starts")
@@ -76,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
                    help="text, or json: one object per line (time, level, logger, message, fields)")
     return p
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return parse_batch_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _containers(text: str) -> tuple[float, ...]:

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.batching import validate_batch_sizes
 from pipeline.engine import PRECISION_CHOICES
 from pipeline.providers import resolve_device
 from pipeline.shapes import ShapePolicy
@@ -35,6 +36,9 @@ class ServerConfig:
     precision: str = "auto"  # auto (int8 on CPU, fp16 on GPUs, when exported), fp32, int8, fp16
     containers: tuple[float, ...] | None = None  # container lengths in seconds; None: the engine's default
     threads: int = 0  # ONNX Runtime intra-op threads; 0: one per physical core
+    batch_sizes: tuple[int, ...] | None = None  # rows per model run; None: the engine's default (1,4,16 GPU; 1 CPU)
+    cuda_graph: bool = False  # CUDA: capture and replay each session's graph
+    allow_tf32: bool = False  # CUDA: TF32 matmuls for fp32 (faster, no longer exact)
     vad_aggressiveness: int = _SEGMENTER.vad_aggressiveness  # webrtcvad mode, 0 (least) to 3 (most aggressive)
     end_silence: float = _SEGMENTER.end_silence  # trailing silence that ends a segment
     pre_roll: float = _SEGMENTER.pre_roll  # audio kept before the first voiced frame
@@ -96,6 +100,11 @@ def validate_config(config: ServerConfig) -> ServerConfig:
         except ValueError as exc:
             raise ValueError(f"--containers: {exc}") from None
     check(config.threads >= 0, f"--threads must be >= 0, got {config.threads}")
+    if config.batch_sizes is not None:
+        try:
+            validate_batch_sizes(config.batch_sizes)
+        except ValueError as exc:
+            raise ValueError(f"--batch-sizes: {exc}") from None
     try:
         validate_options(segmenter_options(config))
     except ValueError as exc:  # name the flag, not the dataclass field

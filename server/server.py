@@ -70,7 +70,8 @@ def openai_listener_options(app: Server) -> dict[str, Any]:
 
 def engine_options(config: ServerConfig) -> EngineOptions:
     return EngineOptions(device=resolve_device(config.device), precision=config.precision,
-                         containers=config.containers, threads=config.threads)
+                         containers=config.containers, threads=config.threads, batch_sizes=config.batch_sizes,
+                         cuda_graph=config.cuda_graph, allow_tf32=config.allow_tf32)
 
 
 class Server:
@@ -122,6 +123,7 @@ class Server:
         if not self.ready:
             return 503, {"status": "warming_up", **body}
         body |= {"provider": self.engine.provider, "containers": list(self.engine.containers),
+                 "batch_sizes": list(getattr(self.engine, "batch_sizes", ())),
                  "queue": self.worker.depth}
         if self._should_exit.is_set():
             return 503, {"status": "shutting_down", **body}

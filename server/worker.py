@@ -9,6 +9,11 @@ segment is decoded. Scheduling, all under one lock:
     so the finals queue is bounded by sessions x that bound;
   * BATCH jobs (segments of an uploaded file, server/openai_http.py) run after every waiting final and take
     turns with partials, so a long file never starves live streams' finals or partials.
+Batching: each round takes up to the engine's largest batch size of jobs, finals first (in order), then
+partials and batch jobs taking turns, and runs them in one engine call (pipeline/batching.py packs them
+into warmed fixed shapes). With batch size 1 (the CPU default) a round is one job, exactly the order
+above. A batch that fails is retried job by job, so one bad segment costs no other stream its final; a
+job that still fails gets its own InferenceError.
 Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
 """
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pipeline.audio import samples_to_seconds
+from pipeline.batching import Clip
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 
 from .metrics import Metrics
@@ -152,45 +158,70 @@ class Worker:
         self._update_unwarmed()
         self._call_loop(_set_result, self.ready)
         while True:
-            job = self._next_job()
-            if job is None:
+            jobs = self._next_jobs()
+            if jobs is None:
                 return
-            self._execute(job)
+            self._execute(jobs)
 
-    def _next_job(self) -> Job | None:
+    def _next_jobs(self) -> list[Job] | None:
+        """One round: up to the largest batch size of jobs, finals first, then partials."""
+        capacity = max(getattr(self.engine, "batch_sizes", None) or (1,))
         with self._cond:
             while not self._stopping and not self._finals and not self._partials and not self._batch:
                 self._cond.wait()
             if self._stopping:
                 return None
-            if self._finals:
-                job = self._finals.popleft()
-            elif self._partials and (self._partials_turn or not self._batch):
-                job, self._partials_turn = self._partials.popitem(last=False)[1], False
-            else:
-                job, self._partials_turn = self._batch.popleft(), True
+            jobs = []
+            while self._finals and len(jobs) < capacity:
+                jobs.append(self._finals.popleft())
+            while (self._partials or self._batch) and len(jobs) < capacity:
+                if self._partials and (self._partials_turn or not self._batch):
+                    jobs.append(self._partials.popitem(last=False)[1])
+                    self._partials_turn = False
+                else:
+                    jobs.append(self._batch.popleft())
+                    self._partials_turn = True
             self._update_depth()
-            return job
+            return jobs
 
-    def _execute(self, job: Job) -> None:
-        if job.cancelled:
+    def _execute(self, jobs: list[Job]) -> None:
+        jobs = [job for job in jobs if not job.cancelled]
+        if not jobs:
             return
         began = time.perf_counter()
-        transcript, error = None, None
         try:
-            biasing = {"hotwords": job.hotwords} if job.hotwords is not None else {}
-            transcript = self.engine.transcribe(job.audio, language=job.language, itn=job.itn,
-                                                offset=job.audio_start, **biasing)
-        except UnipadError as exc:
-            error = exc
-        except Exception as exc:  # noqa: BLE001 - one bad segment must not stop the worker
-            log.exception("inference failed (session %s, segment %d)", job.session, job.segment)
-            error = InferenceError(f"inference failed: {type(exc).__name__}: {exc}", segment=job.segment)
-        self.metrics.inference_seconds.labels(job.kind).observe(time.perf_counter() - began)
-        self.metrics.audio_seconds.labels(job.kind).inc(samples_to_seconds(len(job.audio)))
+            results = [(t, None) for t in self._transcribe(jobs)]
+        except Exception as exc:  # noqa: BLE001 - sorted out job by job below
+            if len(jobs) == 1:
+                results = [(None, self._error(jobs[0], exc))]
+            else:
+                log.warning("a batch of %d jobs failed (%s); retrying them one by one", len(jobs), exc)
+                results = [self._one(job) for job in jobs]
+        share = (time.perf_counter() - began) / len(jobs)  # a batch's time, shared by its jobs
+        for job, (transcript, error) in zip(jobs, results):
+            self.metrics.inference_seconds.labels(job.kind).observe(share)
+            self.metrics.audio_seconds.labels(job.kind).inc(samples_to_seconds(len(job.audio)))
         self._update_unwarmed()
-        if not job.cancelled:
-            self._call_loop(job.deliver, job, transcript, error)
+        for job, (transcript, error) in zip(jobs, results):
+            if not job.cancelled:
+                self._call_loop(job.deliver, job, transcript, error)
+
+    def _transcribe(self, jobs: list[Job]) -> list[Any]:
+        clips = [Clip(job.audio, job.language, job.itn, job.hotwords) for job in jobs]
+        return self.engine.transcribe_many(clips, [job.audio_start for job in jobs])
+
+    def _one(self, job: Job) -> tuple[Any, UnipadError | None]:
+        try:
+            return self._transcribe([job])[0], None
+        except Exception as exc:  # noqa: BLE001 - one bad segment must not stop the worker
+            return None, self._error(job, exc)
+
+    @staticmethod
+    def _error(job: Job, exc: Exception) -> UnipadError:
+        if isinstance(exc, UnipadError):
+            return exc
+        log.error("inference failed (session %s, segment %d)", job.session, job.segment, exc_info=exc)
+        return InferenceError(f"inference failed: {type(exc).__name__}: {exc}", segment=job.segment)
 
     def _update_unwarmed(self) -> None:
         self.metrics.unwarmed_shape_calls.set(unwarmed_shape_calls(self.engine))

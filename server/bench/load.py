@@ -39,6 +39,7 @@ from .common import FIXTURES, command_line, emit, machine, percentiles, say
 from .serverproc import ServerProcess, http_get, listening_pid, metric, sample_process
 
 DEFAULT_STREAMS = "1,2,4,8,12,16,20,24,32"
+MAX_STREAMS = 512  # a GPU with batching aims at 400 (issue 13); steps such as 64,128,256,384,512
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 READY_TIMEOUT = 600.0  # a full-size model loads and warms several sessions
 PAUSE_RANGE = (0.8, 2.5)  # seconds between utterances: longer than the end silence, so none merge
@@ -275,6 +276,7 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
             step = await run_step(url, host, port, pid, n, args)
             result["steps"].append(step)
             say(f"  p95 beyond silence {step['beyond_silence']['p95']} s, lost {step['lost']}, "
+                f"partials {step['partials_per_speech_second']}/speech-s, "
                 f"errors {step['errors']}, server CPU {step['server'].get('cpu_mean')} %"
                 + (f", problems: {step['problems'][:2]}" if step["problems"] else ""))
             if step["clients_failed"] == n or (server is not None and server.process.poll() is not None):
@@ -295,8 +297,8 @@ def parse_streams(text: str) -> list[int]:
         values = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise ValueError(f"--streams must be comma-separated integers, got {text!r}") from None
-    if not values or values[0] < 1 or values[-1] > 256:
-        raise ValueError(f"--streams must be between 1 and 256, got {text!r}")
+    if not values or values[0] < 1 or values[-1] > MAX_STREAMS:
+        raise ValueError(f"--streams must be between 1 and {MAX_STREAMS}, got {text!r}")
     return values
 
 
@@ -314,6 +316,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end-silence", type=float, default=o.end_silence, help="the server's --end-silence")
     parser.add_argument("--partial-interval", type=float, default=o.partial_interval,
                         help="the server's --partial-interval")
+    parser.add_argument("--partial-window", type=float, default=o.partial_window,
+                        help="the server's --partial-window (seconds a partial decodes at most)")
+    parser.add_argument("--device", default=None, help="for the server we start (default: its own choice)")
+    parser.add_argument("--batch-sizes", default=None, help="for the server we start, e.g. 1,4,16")
     parser.add_argument("--precision", default="auto", help="for the server we start")
     parser.add_argument("--containers", default=None, help="for the server we start, e.g. 4,8,15,30")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
@@ -330,7 +336,8 @@ def run(args: argparse.Namespace) -> int:
         "command": "load", "argv": command_line(), "model_dir": None if args.url else str(args.model),
         "url": args.url,
         "seconds_per_stream": args.seconds, "chunk": args.chunk, "end_silence": args.end_silence,
-        "partial_interval": args.partial_interval, "target_p95_beyond_silence": args.target,
+        "partial_interval": args.partial_interval, "partial_window": args.partial_window,
+        "device": args.device, "batch_sizes": args.batch_sizes, "target_p95_beyond_silence": args.target,
         "precision": args.precision, "containers": args.containers, "threads": args.threads, "machine": machine(),
         "steps": [],
     }

@@ -10,6 +10,8 @@ For each precision (fp32 and int8 on CPU; fp16 too on a GPU):
   * peer       with --peer DIR (server/bench/make_peer.py): FunASR's own export of the same weights, run
                as funasr_onnx runs it (Python fbank + LFR + CMVN, then one dynamic-shape run), at the same
                lengths; `ratio` = our time / the peer's at equal audio length.
+  * batches    (server/bench/batches.py) seconds per segment when --batch-sizes segments share one run
+               at the largest container, and each batch session's memory;
 --profile DIR writes ONNX Runtime per-node profiles (one 30 s run per graph) and a per-operator summary.
 Tables go to stdout; the last line is one JSON object with every figure.
 """
@@ -33,6 +35,7 @@ from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
 from pipeline.providers import provider_config
 from pipeline.shapes import ShapePolicy, parse_containers
 
+from . import batches
 from .common import command_line, PeakMemory, emit, machine, mib, speech_audio, summary, time_runs
 
 DEFAULT_LENGTHS = (1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 25.0, 30.0)
@@ -51,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per shape")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per shape before timing")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: per core)")
+    batches.add_arguments(parser)
     parser.add_argument("--peer", type=Path, default=None, help="peer directory from server/bench/make_peer.py")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: fixed, exact")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: fixed, exact, batches")
     parser.add_argument("--profile", type=Path, default=None, help="write ORT per-node profiles here")
     parser.add_argument("--save", type=Path, default=None, help="also write the JSON result to this file")
 
@@ -143,6 +147,11 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
         for seconds in lengths:
             f = feed(speech_audio(seconds), int(round(seconds * SAMPLE_RATE)))
             tasks.append(("exact", f"{seconds:g}", lambda s=session, f=f: s.run(None, f)))
+    batched = None
+    if "batches" not in skip:
+        say(f"[{precision}] engine with batch sizes at {ladder.containers[-1]:g} s ...")
+        more, part["batches"], batched = batches.batch_tasks(args, precision, ladder.containers[-1])
+        tasks += more
     if args.peer is not None and precision in ("fp32", "int8"):
         from .peer import PeerModel
 
@@ -163,6 +172,8 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
             if round_ >= args.warmup:
                 times[group, key].append(time.perf_counter() - t)
     for (group, key), values in times.items():
+        if group == "batches":
+            continue
         stats = summary(values)
         stats["rtf"] = round(stats["median"] / float(key), 4)
         table = "per_container" if group in ("engine", "fixed") else "per_length"
@@ -170,7 +181,10 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
     part["engine"]["unwarmed_calls"] = engine.stats.unwarmed_calls
     if fixed is None and ladder.containers == (FIXED_CONTAINER,):
         part["fixed"] = part["engine"]
-    del engine, fixed
+    if batched is not None:
+        part["batches"] = batches.finish(part["batches"], {k: summary(v) for (g, k), v in times.items()
+                                                           if g == "batches"}, batched)
+    del engine, fixed, batched
     gc.collect()
     part["policies"] = policy_table(part, lengths, ladder)
     part["ratio_to_peer"] = ratios(part["policies"])
@@ -364,3 +378,5 @@ def print_precision(precision: str, part: dict[str, Any], lengths: tuple[float, 
         row = " ".join(f"{policies[n].get(key, float('nan')):8.3f}" for n in names)
         ratio = part["ratio_to_peer"].get("exact", {}).get(key)
         print(f"{key + ' s':>8} {row}" + (f"   {ratio:.3f}" if ratio is not None else ""))
+    if "batches" in part:
+        batches.print_batches(part["batches"])

@@ -55,6 +55,9 @@ class ServerProcess:
                    "--precision", args.precision, "--threads", str(args.threads)]
         if args.containers:
             command += ["--containers", args.containers]
+        for flag in ("device", "batch_sizes", "partial_window"):  # absent or None: the server's default
+            if getattr(args, flag, None) is not None:
+                command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
         self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()
         root = Path(__file__).resolve().parents[2]

@@ -82,7 +82,7 @@ def test_padding_does_not_change_the_text(singles) -> None:
     session = ort.InferenceSession(str(model.onnx_path("fp32")), providers=["CPUExecutionProvider"])
     for item in singles[:3]:
         n = len(item.audio)
-        logprobs, lengths = session.run(None, {
+        logprobs, lengths = session.run(["logprobs", "logprob_lengths"], {
             "audio": item.audio[None].astype(np.float32), "audio_lengths": np.array([n], np.int32),
             "language": np.array([0], np.int32), "textnorm": np.array([15], np.int32)})
         unpadded = decode_ctc(logprobs[0], int(lengths[0]), model.tokens)

@@ -142,7 +142,7 @@ def test_checkpoint_export_matches_funasr(tmp_path: Path) -> None:
     container = np.zeros(seconds_to_samples(4.0), np.float32)
     container[: len(audio)] = audio
     for run, entry in PARITY_CONFIG["runs"].items():
-        logprobs, lengths = session.run(None, {
+        logprobs, lengths = session.run(["logprobs", "logprob_lengths"], {
             "audio": container[None], "audio_lengths": np.array([len(audio)], np.int32),
             "language": np.array([entry["language_row"]], np.int32),
             "textnorm": np.array([entry["textnorm_row"]], np.int32),

@@ -127,7 +127,7 @@ def test_onnx_in_container_matches_funasr(onnx_session, audio: np.ndarray, run: 
     container = np.random.default_rng(7).uniform(-1, 1, seconds_to_samples(CONTAINER_SECONDS)).astype(np.float32)
     container[: len(audio)] = audio  # garbage after the valid samples: the graph must ignore it
     language, textnorm = (t.numpy().astype(np.int32) for t in prompts(run))
-    logprobs, lengths = onnx_session.run(None, {
+    logprobs, lengths = onnx_session.run(["logprobs", "logprob_lengths"], {
         "audio": container[None], "audio_lengths": np.array([len(audio)], np.int32),
         "language": language, "textnorm": textnorm,
     })

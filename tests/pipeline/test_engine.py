@@ -50,9 +50,10 @@ def test_cpu_options():
 def test_cuda_options():
     config = provider_config("cuda", device_id=1, cuda_graph=True)
     assert config.providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
-    assert config.provider_options[0] == {"device_id": "1", "enable_cuda_graph": "1"}
+    assert config.provider_options[0] == {"device_id": "1", "use_tf32": "0", "enable_cuda_graph": "1"}
     assert config.io_binding
-    assert provider_config("cuda").provider_options[0] == {"device_id": "0"}
+    assert provider_config("cuda").provider_options[0] == {"device_id": "0", "use_tf32": "0"}  # exact fp32
+    assert provider_config("cuda", allow_tf32=True).provider_options[0]["use_tf32"] == "1"
 
 
 def test_directml_options_follow_the_documentation():
@@ -199,7 +200,7 @@ def test_padding_is_invisible(tiny_model_dir, precision):
     padded[: len(audio)] = audio
     big, n_big = eng.run_padded(padded, len(audio), eng.language_id("auto"), eng.textnorm_id(False))
     plain = ort.InferenceSession(str(eng.model.onnx_path(precision)), providers=["CPUExecutionProvider"])
-    ref, n_ref = plain.run(None, {"audio": audio[None], "audio_lengths": np.array([len(audio)], np.int32),
+    ref, n_ref = plain.run(["logprobs", "logprob_lengths"], {"audio": audio[None], "audio_lengths": np.array([len(audio)], np.int32),
                                   "language": np.array([0], np.int32), "textnorm": np.array([15], np.int32)})
     assert n_small == n_big == int(n_ref[0])
     for other in (big, ref[0]):
@@ -326,7 +327,7 @@ def test_io_binding_runner_replays_fixed_buffers(engine):
 
     size = seconds_to_samples(4.0)
     config = dataclasses.replace(provider_config("cpu"), io_binding=True)
-    runner = SessionRunner(engine.session_for(size), size, config, device_id=0)
+    runner = SessionRunner(engine.session_for(size), 1, size, config, device_id=0)
     results = []
     for seed in (1, 2, 3):  # first run binds, later ones copy into the same buffers
         audio = clip(3.0, seed=seed)
@@ -334,11 +335,18 @@ def test_io_binding_runner_replays_fixed_buffers(engine):
         padded[: len(audio)] = audio
         feed = {"audio": padded[None], "audio_lengths": np.array([len(audio)], np.int32),
                 "language": np.array([4], np.int32), "textnorm": np.array([15], np.int32)}
-        bound = runner.run(feed)
-        plain = engine.session_for(size).run(None, feed)
+        bound = runner.run(feed, ("logprobs", "logprob_lengths"))
+        plain = engine.session_for(size).run(["logprobs", "logprob_lengths"], feed)
         np.testing.assert_array_equal(bound[0], plain[0])
         assert int(bound[1][0]) == int(plain[1][0])
         results.append((bound[0], plain[0]))
+        # ORT captures a CUDA graph inside the first bound run: every output must already sit in the
+        # buffer it will keep (the cause of the wrong results on the H100 was rebinding after that run)
+        addresses = {n: v.data_ptr() for n, v in runner._outputs.items()}
+        assert [v.data_ptr() for v in runner._binding.get_outputs()] == list(addresses.values())
+        if seed == 1:
+            first = addresses
+        assert addresses == first
     for bound, plain in results:  # earlier results were not overwritten by later runs
         np.testing.assert_array_equal(bound, plain)
 

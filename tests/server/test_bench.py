@@ -50,7 +50,7 @@ def free_port() -> int:
 def test_model_bench_reports_every_policy(tiny_model_dir: Path, tmp_path: Path) -> None:
     save = tmp_path / "model.json"
     code, result, err = bench("model", str(tiny_model_dir), "--repeats", "1", "--warmup", "0",
-                              "--lengths", "1,5", "--save", str(save))
+                              "--lengths", "1,5", "--batch-sizes", "1,4", "--save", str(save))
     assert code == 0, err
     assert result["complete"] and result["command"] == "model"
     assert json.loads(save.read_text()) == result
@@ -61,6 +61,10 @@ def test_model_bench_reports_every_policy(tiny_model_dir: Path, tmp_path: Path) 
         assert part["engine"]["peak_rss_mib"] > 0 and part["engine"]["session_seconds"] > 0
         assert set(part["policies"]) == {"fixed", "ladder", "exact"}
         assert set(part["policies"]["exact"]) == {"1", "5"}
+        batches = part["batches"]  # int8 runs one clip per call whatever was asked
+        assert set(batches["per_batch"]) == ({"1", "4"} if precision == "fp32" else {"1"})
+        assert batches["unwarmed_calls"] == 0 and batches["in_graph_decoding"]
+        assert all(s["per_segment"] > 0 for s in batches["per_batch"].values())
     assert "container_30s_int8_seconds" in result["targets"]
 
 

@@ -1,0 +1,113 @@
+"""Creating the engine's ONNX Runtime sessions: one per (batch size, container) pair of the grid.
+
+    SessionOptions   intra-op threads, sequential execution, every free dimension fixed with
+                     add_free_dimension_override_by_name (batch = the row count, samples = the container),
+                     the provider's session entries; on CPU, shared weights via add_initializer
+    check            inputs and outputs are the model directory's signature (pipeline/modeldir.py), with
+                     or without the in-graph decoding outputs, and no input dimension stayed free
+    SessionRunner    (pipeline/providers.py) runs it plainly or through IO binding
+
+Weight sharing: with several sessions on the CPU, the weights are read once (pipeline/initializers.py)
+and handed to every session, so the grid costs one copy of the weights plus each session's activations.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import ModelLoadError, ProviderError
+from .initializers import read_initializers
+from .modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, signature
+from .providers import ProviderConfig, SessionRunner
+
+log = logging.getLogger(__name__)
+
+SharedWeights = dict[str, tuple[np.ndarray, ort.OrtValue]]  # the arrays must outlive the sessions
+
+
+def load_shared_weights(path: Path) -> SharedWeights:
+    """The graph's initializers as OrtValues to share between sessions; {} when they cannot be read."""
+    try:
+        arrays = read_initializers(path)
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("cannot read the weights of %s for sharing (%s); one copy per session", path, exc)
+        return {}
+    return {name: (a, ort.OrtValue.ortvalue_from_numpy(a)) for name, a in arrays.items()}
+
+
+def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
+                    shared: SharedWeights) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.enable_mem_pattern = config.enable_mem_pattern
+    batch_dim, samples_dim = FREE_DIMENSIONS
+    so.add_free_dimension_override_by_name(batch_dim, batch)
+    so.add_free_dimension_override_by_name(samples_dim, size)
+    for key, value in config.session_config.items():
+        so.add_session_config_entry(key, value)
+    if shared:
+        # Prepacking would give every session its own packed copy of each weight (measured: sharing
+        # with prepacking used more memory than no sharing at all), so shared weights stay unpacked.
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        for name, (_, value) in shared.items():
+            so.add_initializer(name, value)
+    return so
+
+
+def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
+                   shared: SharedWeights, device_id: int, architecture: str) -> SessionRunner:
+    """One session of the grid; ModelLoadError (the graph) or ProviderError (the device) when it fails."""
+    try:
+        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared),
+                                       providers=list(config.providers),
+                                       provider_options=list(config.provider_options))
+    except Exception as exc:  # ORT raises its own classes (InvalidProtobuf, Fail, EPFail, ...)
+        if config.device != "cpu":
+            raise ProviderError(f"{config.provider} failed to create a session: {exc}", device=config.device) from exc
+        raise ModelLoadError(f"{path}: ONNX Runtime cannot load it: {exc}", path=str(path)) from exc
+    started = session.get_providers()[0]
+    if started != config.provider:  # a provider that fails to initialise only warns
+        raise ProviderError(f"{config.device} requested, but ONNX Runtime started {started} instead of "
+                            f"{config.provider} (see its warnings above)", device=config.device)
+    if config.device != "cpu":
+        session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
+    check_signature(session, path, architecture)
+    return SessionRunner(session, batch, size, config, device_id)
+
+
+def check_signature(session: ort.InferenceSession, path: Path, architecture: str) -> None:
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    input_names, output_names = signature(architecture)
+    if set(inputs) != set(input_names) or set(outputs) not in (set(output_names),
+                                                                set(output_names) | set(DECODING_OUTPUT_NAMES)):
+        raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
+                             f"{list(input_names)} -> {list(output_names)} (plus, optionally, "
+                             f"{list(DECODING_OUTPUT_NAMES)})", path=str(path))
+    free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
+    if free:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
+        raise ModelLoadError(f"{path}: inputs with free dimensions other than {FREE_DIMENSIONS}: {free}")
+
+
+def release_free_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc only). Loading parses each graph once per session;
+    glibc keeps those freed buffers, which showed as 2-3x the weights in RSS after load (measured)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
+
+
+def process_rss() -> int | None:
+    """This process's resident set size in bytes (Linux /proc; None where unknown)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -1,0 +1,78 @@
+"""The worker's rounds on a real engine (CPU fp32, batches of 1 and 4): jobs that wait together run as one
+batch, and a batch that fails is retried job by job so that only the bad job gets an error."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from pipeline.audio import seconds_to_samples
+from pipeline.engine import Engine, EngineOptions
+from pipeline.errors import ProtocolError
+from server.metrics import Metrics
+from server.worker import FINAL, PARTIAL, Job, Worker
+
+
+def clip(seconds: float, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(seconds_to_samples(seconds)) * 0.1).astype(np.float32)
+
+
+async def run_round(engine: Engine, specs: list[tuple[str, str]]) -> tuple[dict, Worker]:
+    """Queue one job per (kind, language) before the worker starts, so they all wait together; returns
+    {segment: (transcript, error)} once each was delivered."""
+    loop = asyncio.get_running_loop()
+    worker = Worker(engine, loop, Metrics(), max_finals=64)
+    results: dict[int, tuple] = {}
+    finished = asyncio.Event()
+
+    def deliver(job: Job, transcript, error) -> None:
+        results[job.segment] = (transcript, error)
+        if len(results) == len(specs):
+            finished.set()
+
+    for i, (kind, language) in enumerate(specs):
+        worker.submit(Job(session=f"s{i}", kind=kind, segment=i, start=0.0, end=1.0, audio_start=0.0,
+                          audio=clip(0.5 + 0.4 * i, i), deliver=deliver, language=language))
+    worker.start()
+    try:
+        await worker.ready
+        await asyncio.wait_for(finished.wait(), 120)
+    finally:
+        worker.stop(timeout=30)
+    return results, worker
+
+
+@pytest.fixture
+def engine(tiny_model_dir) -> Engine:
+    return Engine(tiny_model_dir, EngineOptions(device="cpu", precision="fp32", containers=(2.0,), batch_sizes=(1, 4)))
+
+
+async def test_waiting_jobs_run_as_one_batch(engine):
+    results, _ = await run_round(engine, [(FINAL, "en"), (PARTIAL, "auto"), (FINAL, "auto")])
+    assert engine.stats.calls == 1 and engine.stats.last_batch == 4 and engine.stats.unwarmed_calls == 0
+    for i, (transcript, error) in results.items():
+        assert error is None
+        assert transcript == engine.transcribe(clip(0.5 + 0.4 * i, i), ("en", "auto", "auto")[i])
+
+
+async def test_a_failed_batch_is_retried_job_by_job(engine):
+    def fail_the_batch(call: int) -> None:
+        if call == 1:
+            raise RuntimeError("the batch blew up")
+
+    engine.fault_hook = fail_the_batch
+    specs = [(FINAL, "en"), (FINAL, "auto"), (PARTIAL, "auto")]
+    results, _ = await run_round(engine, specs)
+    assert engine.stats.calls == 1 + len(specs)  # the batch, then each job alone
+    engine.fault_hook = None
+    for i, (transcript, error) in results.items():
+        assert error is None and transcript == engine.transcribe(clip(0.5 + 0.4 * i, i), specs[i][1])
+
+    specs = [(FINAL, "en"), (FINAL, "xx"), (FINAL, "auto")]  # "xx" fails alone too: only it gets the error
+    results, _ = await run_round(engine, specs)
+    assert isinstance(results[1][1], ProtocolError) and results[1][0] is None
+    for i in (0, 2):
+        transcript, error = results[i]
+        assert error is None and transcript == engine.transcribe(clip(0.5 + 0.4 * i, i), specs[i][1])
+    assert engine.stats.unwarmed_calls == 0
