@@ -35,7 +35,6 @@ Audio from another thread (a bot's audio callback, a sound card): hand each chun
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import inspect
 from typing import Any, Awaitable, Callable, Sequence, Union
@@ -49,7 +48,7 @@ from websockets.protocol import State
 
 from pipeline.audio import PCM_FORMATS, SAMPLE_RATE
 from pipeline.errors import ProtocolError
-from pipeline.hotwords import make_hotword, parse_hotwords
+from pipeline.hotwords import parse_hotwords
 from server.protocol import (
     CLOSE_NORMAL,
     DEFAULT_PORT,
@@ -317,24 +316,6 @@ class Stream:
         if self._error is None:
             self._error = error
             self._results.put_nowait(error)
-
-
-def add_hotword_option(parser: argparse.ArgumentParser) -> None:
-    """The clients' --hotword option: args.hotword is a list for connect(hotwords=...)."""
-    parser.add_argument("--hotword", action="append", default=[], type=hotword_argument, metavar="PHRASE[:BOOST]",
-                        help="favour this word or phrase (repeatable), optionally with a boost: 'turn on:2.5'")
-
-
-def hotword_argument(value: str) -> dict[str, Any]:
-    """"turn on:2.5" -> {"text": "turn on", "boost": 2.5}; "save" gets the default boost."""
-    text, _, boost = value.rpartition(":")
-    try:
-        word = make_hotword(text, float(boost)) if text else make_hotword(value)
-    except ValueError:  # a colon that does not precede a number belongs to the phrase
-        word = make_hotword(value)
-    except ProtocolError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return {"text": word.text, "boost": word.boost}
 
 
 class connect:

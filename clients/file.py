@@ -29,7 +29,8 @@ import numpy as np
 import soundfile
 import soxr
 
-from clients.client import DEFAULT_URL, ClientError, add_hotword_option, connect
+from clients.client import DEFAULT_URL, ClientError, connect
+from clients.options import add_hotword_option
 from clients.subtitles import VTT_HEADER, cues_for_final, format_timestamp, srt_cue, vtt_cue
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 from server.protocol import Final, Partial, encode

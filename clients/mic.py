@@ -23,7 +23,8 @@ from typing import Any, Callable
 if __package__ in (None, ""):  # run as `python clients/mic.py`: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clients.client import DEFAULT_URL, ClientError, add_hotword_option, connect
+from clients.client import DEFAULT_URL, ClientError, connect
+from clients.options import add_hotword_option
 from clients.file import CHUNK_SECONDS, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, ResultWriter, output_closed, quit_quietly
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.audio import SAMPLE_RATE, seconds_to_samples
+from pipeline.audio import seconds_to_samples
 from pipeline.errors import UnipadError
 from pipeline.modeldir import read_model_directory
 
