@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.modeldir import PRECISIONS, ModelManifest
 
 from .onnx_export import OPSET, write_model_dir
-from .sensevoice import parse_precisions
+from .sensevoice import run_export
 
 CHECKPOINT_FILES = ("model.pt", "config.yaml", "am.mvn")
 TOKEN_FILES = ("tokens.json", "tokens.txt")
@@ -179,21 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    precisions = parse_precisions(args.precision)
-    if args.out.exists():
-        raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
-    if args.checkpoint is not None:
-        source = {"kind": "checkpoint", "path": str(args.checkpoint.resolve())}
-        out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or "paraformer-large", source,
-                                args.container)
-    else:
-        model, tokens = random_model(args.random_init, args.seed)
-        source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
-                  "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
-        out = _write(model, tokens, args.out, precisions, args.name or f"paraformer-random-{args.random_init}",
-                     source, args.container)
-    print(f"wrote {out} ({', '.join(precisions)})")
-    return 0
+    return run_export(args, "paraformer", "paraformer-large", export_checkpoint, random_model, _write)
 
 
 def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], name: str, source: dict,
@@ -205,10 +191,10 @@ def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], n
 
 
 def _write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
-           container: float) -> Path:
+           container: float, notice: str = "") -> Path:
     manifest = ModelManifest(
-        name=name, architecture="paraformer", dimensions=model.dims.to_dict(), files={}, source=source,
-        container_seconds=container, prompt_frames=0, languages={"auto": 0, "zh": 0, "en": 0}, tag_tokens={},
+        name=name, architecture="paraformer", notice=notice, dimensions=model.dims.to_dict(), files={},
+        source=source, container_seconds=container, prompt_frames=0, languages={"auto": 0, "zh": 0, "en": 0}, tag_tokens={},
         opset=OPSET,
     )
     return write_model_dir(model, tokens, out, manifest, precisions)

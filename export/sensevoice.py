@@ -134,19 +134,26 @@ def parse_precisions(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_export(args, "sensevoice", "sensevoice-small", export_checkpoint, random_model, _write)
+
+
+def run_export(args: argparse.Namespace, family: str, checkpoint_name: str, export_checkpoint, random_model,
+               write) -> int:
+    """The `python -m export <family>` command of every model family: a released checkpoint or seeded random
+    weights (`--random-init`, which get RANDOM_INIT_NOTICE) into a new model directory."""
     precisions = parse_precisions(args.precision)
     if args.out.exists():
         raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
     if args.checkpoint is not None:
         source = {"kind": "checkpoint", "path": str(args.checkpoint.resolve())}
-        out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or "sensevoice-small", source,
+        out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or checkpoint_name, source,
                                 args.container)
     else:
         model, tokens = random_model(args.random_init, args.seed)
         source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
                   "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
-        out = _write(model, tokens, args.out, precisions, args.name or f"sensevoice-random-{args.random_init}",
-                     source, args.container, notice=RANDOM_INIT_NOTICE)
+        out = write(model, tokens, args.out, precisions, args.name or f"{family}-random-{args.random_init}",
+                    source, args.container, notice=RANDOM_INIT_NOTICE)
     print(f"wrote {out} ({', '.join(precisions)})")
     return 0
 
