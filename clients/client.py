@@ -175,13 +175,17 @@ class Stream:
     def session(self) -> str:
         return self.ready.session
 
-    async def send(self, audio: bytes | bytearray | memoryview | np.ndarray) -> None:
-        """Send one chunk of audio in the format the start message declared (see `to_pcm`); ~100 ms is typical."""
+    def _pcm_to_send(self, audio: bytes | bytearray | memoryview | np.ndarray) -> bytes:
+        """The chunk as the stream's PCM; raises the stream's error, or ClientError after stop()."""
         if self._error is not None:
             raise self._error
         if self._stopped:
             raise ClientError("send() after stop()")
-        data = to_pcm(audio, self.start.format, self.start.channels)
+        return to_pcm(audio, self.start.format, self.start.channels)
+
+    async def send(self, audio: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Send one chunk of audio in the format the start message declared (see `to_pcm`); ~100 ms is typical."""
+        data = self._pcm_to_send(audio)
         if not data:
             return
         try:

@@ -26,7 +26,7 @@ from pipeline.segmenter import FRAME_SECONDS
 from server.protocol import Error, Final, Start, Stop, encode
 from server.resume import Resume
 
-from .client import STOP_TIMEOUT, ClientError, ConnectError, ServerError, Stream, StreamClosedError, connect, to_pcm
+from .client import STOP_TIMEOUT, ClientError, ConnectError, ServerError, Stream, StreamClosedError, connect
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +137,7 @@ class ResumableStream(Stream):
         super().__init__(ws, start, ready, opener.on_partial, opener.on_final)
 
     async def send(self, audio: Any) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._stopped:
-            raise ClientError("send() after stop()")
-        data = to_pcm(audio, self.start.format, self.start.channels)
+        data = self._pcm_to_send(audio)
         if not data:
             return
         await self._wait_connected()

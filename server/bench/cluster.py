@@ -10,7 +10,6 @@ import csv
 import io
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from pipeline.errors import UnipadError
 from server.protocol import STREAM_PATH
 
-from .serverproc import ServerProcess, free_port, http_get
+from .serverproc import ServerProcess, free_port, http_get, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
@@ -88,13 +87,7 @@ class Balancer:
         raise UnipadError(f"HAProxy still reports {name} as {status} after {timeout:.0f} s, not {wanted}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 10)
 
 
 class Cluster:

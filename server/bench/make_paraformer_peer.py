@@ -11,11 +11,10 @@ int8 graph with our own quantisation recipe. Writes peer.onnx, peer.int8.onnx, a
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 from pathlib import Path
+
+from .make_peer import peer_main, write_peer
 
 
 def funasr_model(dims):
@@ -38,11 +37,7 @@ def funasr_model(dims):
 
 
 def export_peer(size: str, seed: int, out: Path) -> dict:
-    import torch
-
-    from export.onnx_export import quantize_int8
     from export.paraformer import random_model
-    from models.frontend import write_am_mvn
 
     ours, _ = random_model(size, seed)
     peer = funasr_model(ours.dims)
@@ -51,45 +46,11 @@ def export_peer(size: str, seed: int, out: Path) -> dict:
         raise SystemExit(f"state_dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
     peer = peer.export(encoder="SANMEncoder", predictor="CifPredictorV2", decoder="ParaformerSANMDecoder",
                        max_seq_len=512, type="onnx")
-    out.mkdir(parents=True, exist_ok=True)
-    write_am_mvn(out / "am.mvn", ours.frontend.cmvn_shift.numpy(), ours.frontend.cmvn_scale.numpy())
-    path = out / "peer.onnx"
-    began = time.perf_counter()
-    with torch.no_grad():
-        torch.onnx.export(
-            peer, peer.export_dummy_inputs(), str(path), do_constant_folding=True, opset_version=14,
-            input_names=peer.export_input_names(), output_names=peer.export_output_names(),
-            dynamic_axes=peer.export_dynamic_axes(), dynamo=False,
-        )
-    exported = time.perf_counter() - began
-    quantize_int8(path, out / "peer.int8.onnx")
-    info = {
-        "architecture": "paraformer", "size": size, "seed": seed, "dimensions": ours.dims.to_dict(),
-        "parameters": sum(p.numel() for p in ours.state_dict().values()),
-        "files": {"fp32": "peer.onnx", "int8": "peer.int8.onnx"}, "cmvn": "am.mvn",
-        "exporter": f"torch {torch.__version__} torch.onnx.export(dynamo=False, opset 14) of FunASR export_meta",
-        "quantisation": "export.onnx_export.quantize_int8 (same recipe as ours)",
-        "export_seconds": round(exported, 1),
-    }
-    (out / "peer.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return info
+    return write_peer(ours, peer, out, {"architecture": "paraformer", "size": size, "seed": seed})
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.bench.make_paraformer_peer", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--size", default="full", choices=("full", "tiny"))
-    parser.add_argument("--seed", type=int, default=None, help="default: export.paraformer.DEFAULT_SEED")
-    args = parser.parse_args(argv)
-    try:
-        import funasr  # noqa: F401
-    except ModuleNotFoundError:
-        print("error: funasr is not installed in this Python (use /opt/funasr-venv/bin/python)", file=sys.stderr)
-        return 2
-    from export.paraformer import DEFAULT_SEED
-
-    print(json.dumps(export_peer(args.size, DEFAULT_SEED if args.seed is None else args.seed, args.out)))
-    return 0
+    return peer_main(argv, "server.bench.make_paraformer_peer", __doc__, export_peer, "export.paraformer")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ quantize_int8), so that only the graph differs, not the quantisation. Writes int
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -40,11 +41,7 @@ def funasr_model(dims):
 
 
 def export_peer(size: str, seed: int, out: Path) -> dict:
-    import torch
-
-    from export.onnx_export import quantize_int8
     from export.sensevoice import random_model
-    from models.frontend import write_am_mvn
 
     ours, _ = random_model(size, seed)
     peer = funasr_model(ours.dims)
@@ -54,6 +51,17 @@ def export_peer(size: str, seed: int, out: Path) -> dict:
     if [k for k in missing if k in peer.state_dict() and not k.startswith("criterion")] or unexpected:
         raise SystemExit(f"state_dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
     peer = peer.export(max_seq_len=512)  # FunASR's export_rebuild_model: the export_meta forward
+    return write_peer(ours, peer, out, {"size": size, "seed": seed})
+
+
+def write_peer(ours, peer, out: Path, info: dict) -> dict:
+    """Export FunASR's `peer` (its export_meta forward) as FunASR does, quantise it with our recipe, and
+    write OUT's files (module docstring); `info` starts peer.json. Shared by every family's peer script."""
+    import torch
+
+    from export.onnx_export import quantize_int8
+    from models.frontend import write_am_mvn
+
     out.mkdir(parents=True, exist_ok=True)
     write_am_mvn(out / "am.mvn", ours.frontend.cmvn_shift.numpy(), ours.frontend.cmvn_scale.numpy())
     path = out / "peer.onnx"
@@ -67,7 +75,7 @@ def export_peer(size: str, seed: int, out: Path) -> dict:
     exported = time.perf_counter() - began
     quantize_int8(path, out / "peer.int8.onnx")
     info = {
-        "size": size, "seed": seed, "dimensions": ours.dims.to_dict(),
+        **info, "dimensions": ours.dims.to_dict(),
         "parameters": sum(p.numel() for p in ours.state_dict().values()),
         "files": {"fp32": "peer.onnx", "int8": "peer.int8.onnx"}, "cmvn": "am.mvn",
         "exporter": f"torch {torch.__version__} torch.onnx.export(dynamo=False, opset 14) of FunASR export_meta",
@@ -79,19 +87,23 @@ def export_peer(size: str, seed: int, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.bench.make_peer", description=__doc__.split("\n")[0])
+    return peer_main(argv, "server.bench.make_peer", __doc__, export_peer, "export.sensevoice")
+
+
+def peer_main(argv: list[str] | None, prog: str, doc: str, export_peer, seed_module: str) -> int:
+    """The command line of a peer script: `export_peer(size, seed, out)` under a Python with funasr."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", default="full", choices=("full", "tiny"))
-    parser.add_argument("--seed", type=int, default=None, help="default: export.sensevoice.DEFAULT_SEED")
+    parser.add_argument("--seed", type=int, default=None, help=f"default: {seed_module}.DEFAULT_SEED")
     args = parser.parse_args(argv)
     try:
         import funasr  # noqa: F401
     except ModuleNotFoundError:
         print("error: funasr is not installed in this Python (use /opt/funasr-venv/bin/python)", file=sys.stderr)
         return 2
-    from export.sensevoice import DEFAULT_SEED
-
-    info = export_peer(args.size, DEFAULT_SEED if args.seed is None else args.seed, args.out)
+    default_seed = importlib.import_module(seed_module).DEFAULT_SEED
+    info = export_peer(args.size, default_seed if args.seed is None else args.seed, args.out)
     print(json.dumps(info))
     return 0
 

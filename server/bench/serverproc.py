@@ -84,13 +84,18 @@ class ServerProcess:
         raise UnipadError(f"the server was not ready after {timeout:.0f} s")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 30)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM (the graceful drain), then SIGKILL if it is still running after `timeout` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def listening_pid(port: int) -> int | None:
