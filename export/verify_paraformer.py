@@ -10,6 +10,8 @@ import numpy as np
 
 from pipeline.paraformer_decoding import ParaformerOutput
 
+from .verify import errors
+
 
 def run_session(session, audio: np.ndarray, valid: int) -> ParaformerOutput:
     feeds = {"audio": audio[None, :].astype(np.float32), "audio_lengths": np.array([valid], dtype=np.int32)}
@@ -19,13 +21,12 @@ def run_session(session, audio: np.ndarray, valid: int) -> ParaformerOutput:
 def compare(alone: ParaformerOutput, padded: ParaformerOutput) -> dict:
     tokens_equal = np.array_equal(alone.token_ids, padded.token_ids)
     if not tokens_equal or len(alone.peaks) != len(padded.peaks):
-        return {"max_abs_err": float("inf"), "cosine": 0.0, "tokens_equal": False,
+        return {"max_abs_err": float("inf"), "max_scaled_err": float("inf"), "cosine": 0.0, "tokens_equal": False,
                 "frames": [len(alone.peaks), len(padded.peaks)], "tokens": [len(alone.token_ids), len(padded.token_ids)]}
     a = np.concatenate([alone.token_logprobs, alone.alphas, alone.peaks]).astype(np.float64)
     b = np.concatenate([padded.token_logprobs, padded.alphas, padded.peaks]).astype(np.float64)
     return {
-        "max_abs_err": float(np.max(np.abs(a - b))),
-        "cosine": float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))),
+        **errors(a, b),
         "tokens_equal": True,
         "frames": int(len(alone.peaks)),
         "tokens": int(len(alone.token_ids)),

@@ -15,6 +15,7 @@ import soundfile
 
 from export.evaluate import evaluate, load_eval_dir, word_errors
 from export.synth import NOISE_KINDS, colored_noise
+from export.verify import MAX_SCALED_ERR, errors, verify
 from pipeline.audio import PROMPT_FRAMES, SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import decode_ctc
 from pipeline.engine import Engine, EngineOptions
@@ -91,6 +92,25 @@ def test_padding_does_not_change_the_text(singles) -> None:
         np.testing.assert_allclose(padded_logprobs[:padded_length], logprobs[0][: lengths[0]], atol=2e-3)
         assert engine.transcribe(item.audio).text == unpadded.text
         assert padded_length > PROMPT_FRAMES
+
+
+def test_shipped_model_passes_verify() -> None:
+    """`python -m export verify models/demo` on this CPU: padding and batch invariance within the scaled
+    1e-5 bound, int8 bit-identical, the in-graph decoding equal to the host's, static shapes."""
+    report = verify(DEMO, None, None, (5.0, 29.0))
+    assert report["passed"], report
+    assert report["max_scaled_err"] <= MAX_SCALED_ERR and report["tokens_equal"]
+    assert all(r["max_abs_err"] == 0 for r in report["precisions"]["int8"]["lengths"].values())
+    assert all(r["batch"]["max_abs_err"] == 0 for r in report["precisions"]["fp32"]["lengths"].values())
+
+
+def test_verify_scales_the_error_by_the_log_prob() -> None:
+    """The bound's measure: absolute for |log-prob| <= 1, relative beyond (float32's resolution)."""
+    alone = np.array([-0.5, -24.5, -40.0])
+    figures = errors(alone, alone + np.array([4e-6, 2e-5, 0.0]))
+    assert figures["max_abs_err"] == pytest.approx(2e-5)
+    assert figures["max_scaled_err"] == pytest.approx(4e-6)  # -0.5 counts absolutely; -24.5's is 8.2e-7
+    assert errors(alone, alone + np.array([0.0, 0.0, 1e-3]))["max_scaled_err"] == pytest.approx(2.5e-5)
 
 
 def test_multi_utterance_recording(engine: Engine) -> None:
