@@ -29,7 +29,7 @@ from .funasr import decode_file
 from .http import client_address, json_response, request_token, token_matches
 from .http_body import BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
-                            model_object, models_body, parse_form, response_body)
+                            model_object, models_body, parse_form, response_body, sse)
 from .protocol import Final, TokenTime
 from .worker import BATCH, Job
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+TRANSLATIONS_PATH = "/v1/audio/translations"  # not served: answered with why (docs/openai.md)
 MODELS_PATH = "/v1/models"
 MAX_UPLOAD_BYTES = 25 << 20  # OpenAI's own limit for this endpoint (25 MB); larger bodies get 413
 FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (the worker stays busy)
@@ -75,6 +76,15 @@ def check_origin(app: Server, headers: Any) -> None:
         raise ApiError(403, f"origin {origin!r} is not allowed", code="origin_not_allowed")
 
 
+def check_path(method: str, path: str) -> None:
+    """404 for any path but the transcriptions endpoint, saying why for translations."""
+    if path == TRANSLATIONS_PATH:
+        raise ApiError(404, "Translation is not supported: this server only transcribes, in the language "
+                       f"spoken (POST {TRANSCRIPTIONS_PATH})", code="unsupported_endpoint")
+    if path != TRANSCRIPTIONS_PATH:
+        raise ApiError(404, f"Invalid URL ({method} {path})")
+
+
 def get_response(app: Server, connection: ServerConnection, request: Request, path: str) -> Response:
     """GET /v1/models and /v1/models/<id> (websockets' process_request answers these)."""
     try:
@@ -87,7 +97,8 @@ def get_response(app: Server, connection: ServerConnection, request: Request, pa
         if path.startswith(MODELS_PATH + "/"):
             raise ApiError(404, f"The model '{path[len(MODELS_PATH) + 1:]}' does not exist", param="model",
                            code="model_not_found")
-        raise ApiError(404, f"Invalid URL (GET {path})")
+        check_path("GET", path)
+        raise ApiError(405, f"GET is not allowed on {path}; use POST")
     except ApiError as exc:
         return error_response(exc)
 
@@ -96,8 +107,7 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
     """Any request other than a GET on the stream port (server/http_body.py)."""
     path = request.path.split("?", 1)[0]
     try:
-        if path != TRANSCRIPTIONS_PATH:
-            raise ApiError(404, f"Invalid URL ({request.method} {path})")
+        check_path(request.method, path)
         if request.method != "POST":
             raise ApiError(405, f"{request.method} is not allowed on {path}; use POST")
         check_origin(app, request.headers)
@@ -111,16 +121,24 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
             return
         work.result()
     except ApiError as exc:
-        await exchange.respond(exc.status, json.dumps(exc.body()) + "\n", "application/json")
+        await answer_error(exchange, exc)
     except h11.RemoteProtocolError as exc:
-        error = ApiError(400, f"malformed HTTP request: {exc}")
-        await exchange.respond(400, json.dumps(error.body()) + "\n", "application/json")
+        await answer_error(exchange, ApiError(400, f"malformed HTTP request: {exc}"))
     except (ConnectionError, asyncio.TimeoutError):
         log.info("openai request from %s: the client went away", client_address(exchange.connection))
     except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
         log.exception("openai request: internal error")
-        await exchange.respond(500, json.dumps(ApiError(500, f"internal error: {type(exc).__name__}",
-                                                        type="server_error").body()), "application/json")
+        await answer_error(exchange, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+
+async def answer_error(exchange: HttpExchange, error: ApiError) -> None:
+    """The error response; once an event stream has begun, its last event instead (`data: {"error": ...}`,
+    which the SDK raises as APIError), so the client learns why instead of seeing a cut-off stream."""
+    if exchange.streaming:
+        await exchange.send_part(sse(error.body()))
+        await exchange.end_stream()
+        return
+    await exchange.respond(error.status, json.dumps(error.body()) + "\n", "application/json")
 
 
 class FileTranscription:

@@ -68,8 +68,10 @@ def _flag(value: str, name: str) -> bool:
 def parse_form(content_type: str, body: bytes) -> TranscriptionForm:
     """A multipart/form-data body -> its fields; ApiError 400 naming the first bad one."""
     kind, options = multipart.parse_options_header(content_type)
-    if kind != "multipart/form-data" or not options.get("boundary"):
+    if kind != "multipart/form-data":
         raise ApiError(400, f"the body must be multipart/form-data, got {content_type or 'no Content-Type'!r}")
+    if not options.get("boundary"):
+        raise ApiError(400, "the multipart/form-data Content-Type has no boundary parameter")
     fields: dict[str, list[str]] = {}
     upload: tuple[str, bytes] | None = None
     try:
