@@ -1,6 +1,7 @@
 """OpenAI's speech-to-text HTTP API on the stream port: POST /v1/audio/transcriptions, GET /v1/models.
 
-An upload is decoded (soundfile: any format, rate and channel count it reads), cut by the same VAD
+An upload is decoded block by block as it is segmented (server/audio_file.py: any format, rate and channel
+count soundfile reads; never the whole file at once), cut by the same VAD
 (StreamSession, no partials) and decoded by the same worker as live streams, as BATCH jobs: after every
 waiting final, taking turns with partials (server/worker.py), at most FILE_JOBS_IN_FLIGHT at a time, so a
 long file neither starves live streams nor fills the queue. It counts as one session against
@@ -14,7 +15,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import h11
 from websockets.asyncio.server import ServerConnection
@@ -25,7 +26,7 @@ from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, Unip
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
 
-from .funasr import decode_file
+from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, request_token, token_matches
 from .http_body import BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
@@ -43,9 +44,13 @@ TRANSLATIONS_PATH = "/v1/audio/translations"  # not served: answered with why (d
 MODELS_PATH = "/v1/models"
 MAX_UPLOAD_BYTES = 25 << 20  # OpenAI's own limit for this endpoint (25 MB); larger bodies get 413
 FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (the worker stays busy)
-FEED_SECONDS = 10  # the segmenter reads an upload 10 s at a time, off the event loop
+FEED_SECONDS = 10  # an upload is decoded and segmented 10 s at a time, off the event loop
 JOB_TIMEOUT = 120.0  # seconds one segment may wait for the worker before the request fails (503)
 DEFAULT_LANGUAGE = "auto"
+
+
+def invalid_file(exc: AudioFormatError) -> ApiError:
+    return ApiError(400, f"Invalid file format: {exc}", param="file", code="invalid_file")
 
 
 def error_response(error: ApiError) -> Response:
@@ -149,6 +154,7 @@ class FileTranscription:
         self.exchange = exchange
         self.id = uuid.uuid4().hex[:12]
         self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
+        self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -167,9 +173,9 @@ class FileTranscription:
         except ProtocolError as exc:
             raise ApiError(400, str(exc), param="language", code="unsupported_language") from None
         try:
-            audio = await asyncio.to_thread(decode_file, form.file, form.filename)
+            audio = await asyncio.to_thread(open_audio, form.file, form.filename)
         except AudioFormatError as exc:
-            raise ApiError(400, f"Invalid file format: {exc}", param="file", code="invalid_file") from None
+            raise invalid_file(exc) from None
         try:
             self.app.admit(self)  # type: ignore[arg-type] - counted like a stream
         except OverloadError as exc:
@@ -181,9 +187,10 @@ class FileTranscription:
             self.app.worker.cancel_session(self.id)
 
     async def _transcribe(self, form: TranscriptionForm, audio: Any, language: str) -> None:
-        duration = len(audio) / SAMPLE_RATE
+        """`audio`: the open_audio() file, decoded FEED_SECONDS at a time as the segmenter takes it."""
+        blocks = audio_blocks(audio, form.filename, FEED_SECONDS)
         pending: asyncio.Queue[asyncio.Future[Final] | None] = asyncio.Queue()
-        producer = asyncio.ensure_future(self._submit_segments(audio, language, pending))
+        producer = asyncio.ensure_future(self._submit_segments(blocks, language, pending))
         finals: list[Final] = []
         try:
             while (future := await pending.get()) is not None:
@@ -202,6 +209,9 @@ class FileTranscription:
             await producer  # its error, if any
         finally:
             producer.cancel()
+        if not self._samples:  # a header promising frames that are not there
+            raise invalid_file(AudioFormatError(f"The {form.filename} file contains no samples."))
+        duration = self._samples / SAMPLE_RATE
         if form.stream:
             if not full_text(finals):
                 await self._start_events()
@@ -215,22 +225,33 @@ class FileTranscription:
     async def _start_events(self) -> None:
         await self.exchange.start_stream(200, "text/event-stream; charset=utf-8")
 
-    async def _submit_segments(self, audio: Any, language: str, pending: asyncio.Queue[Any]) -> None:
-        """Segment the upload (off the loop) and submit each segment, FILE_JOBS_IN_FLIGHT at most at once;
-        queue each one's future in order, then None."""
+    async def _submit_segments(self, blocks: Iterator[Any], language: str, pending: asyncio.Queue[Any]) -> None:
+        """Decode and segment the upload block by block (off the loop) and submit each segment,
+        FILE_JOBS_IN_FLIGHT at most at once; queue each one's future in order, then None."""
         try:
             options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
             session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
-            step = FEED_SECONDS * SAMPLE_RATE
-            for i in range(0, len(audio) + step, step):
-                chunk = audio[i:i + step].astype("<f4").tobytes()
-                events = await asyncio.to_thread(session.feed, chunk) if chunk else session.finish()
+            done = False
+            while not done:
+                events = await asyncio.to_thread(self._feed_block, blocks, session)
+                if events is None:
+                    events, done = session.finish(), True
                 for event in events:
                     if isinstance(event, SegmentFinished):
                         await self._slots.acquire()
                         pending.put_nowait(self._submit(event, language))
+        except AudioFormatError as exc:  # found while decoding (a NaN sample)
+            raise invalid_file(exc) from None
         finally:
             pending.put_nowait(None)
+
+    def _feed_block(self, blocks: Iterator[Any], session: StreamSession) -> list[Any] | None:
+        """The next block of the file through the segmenter (on a thread); None after the last."""
+        block = next(blocks, None)
+        if block is None:
+            return None
+        self._samples += len(block)
+        return session.feed(block.astype("<f4").tobytes())
 
     def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Final]:
         future: asyncio.Future[Final] = asyncio.get_running_loop().create_future()
