@@ -28,7 +28,7 @@ from pipeline.stream import StreamSession
 
 from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, request_token, token_matches
-from .http_body import BodyTooLarge, HttpExchange, HttpRequest
+from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
 from .protocol import Final, TokenTime
@@ -166,6 +166,9 @@ class FileTranscription:
         except BodyTooLarge:
             raise ApiError(413, f"request body over the limit of {MAX_UPLOAD_BYTES} bytes",
                            code="file_too_large") from None
+        except asyncio.TimeoutError:  # answered, not just closed: the client may retry (OpenAI's SDK does)
+            raise ApiError(408, f"the request body stalled: nothing arrived for {BODY_TIMEOUT:g} s",
+                           code="request_timeout") from None
         form = parse_form(request.headers.get("Content-Type", ""), body)
         language = form.language or DEFAULT_LANGUAGE
         try:

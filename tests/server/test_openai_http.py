@@ -171,3 +171,15 @@ async def test_an_inference_failure_mid_stream_is_an_error_event(serve_test_serv
         with pytest.raises(openai.InternalServerError, match="injected fault"):  # not streamed: a 500
             await sdk(url).audio.transcriptions.create(model="whisper-1", file=HELD_OUT)
     assert [e.type for e in events] == ["transcript.text.delta"]
+
+
+async def test_a_stalled_upload_is_answered_408(serve_test_server, monkeypatch):
+    """A body that stops arriving gets OpenAI's error object with 408 (which the SDK retries), not a bare
+    close after the pause limit."""
+    monkeypatch.setattr("server.http_body.BODY_TIMEOUT", 0.5)  # the limit is 30 s; the rule is the same
+    async with serve_test_server(token=TOKEN) as url:
+        body, content_type = multipart_body({"model": "whisper-1"}, HELD_OUT.read_bytes())
+        status, answer = await raw_exchange(url.port, f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                                            f"Authorization: Bearer {TOKEN}\r\nContent-Type: {content_type}\r\n"
+                                            f"Content-Length: {len(body)}\r\n\r\n", body[:1000])
+    assert status == 408 and json.loads(answer)["error"]["code"] == "request_timeout"
