@@ -47,6 +47,7 @@ FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (
 FEED_SECONDS = 10  # an upload is decoded and segmented 10 s at a time, off the event loop
 JOB_TIMEOUT = 120.0  # seconds one segment may wait for the worker before the request fails (503)
 DEFAULT_LANGUAGE = "auto"
+Segment = tuple[Final, list[TokenTime]]  # a segment's final and its words
 
 
 def invalid_file(exc: AudioFormatError) -> ApiError:
@@ -192,19 +193,21 @@ class FileTranscription:
     async def _transcribe(self, form: TranscriptionForm, audio: Any, language: str) -> None:
         """`audio`: the open_audio() file, decoded FEED_SECONDS at a time as the segmenter takes it."""
         blocks = audio_blocks(audio, form.filename, FEED_SECONDS)
-        pending: asyncio.Queue[asyncio.Future[Final] | None] = asyncio.Queue()
+        pending: asyncio.Queue[asyncio.Future[Segment] | None] = asyncio.Queue()
         producer = asyncio.ensure_future(self._submit_segments(blocks, language, pending))
         finals: list[Final] = []
+        words: list[TokenTime] = []
         try:
             while (future := await pending.get()) is not None:
                 try:
-                    final = await asyncio.wait_for(future, JOB_TIMEOUT)
+                    final, final_words = await asyncio.wait_for(future, JOB_TIMEOUT)
                 except asyncio.TimeoutError:
                     raise ApiError(503, f"no result from the model within {JOB_TIMEOUT:g} s; retry later",
                                    type="server_error", code="overloaded") from None
                 self._slots.release()
                 before = full_text(finals)
                 finals.append(final)
+                words += final_words
                 if form.stream and full_text(finals) != before:
                     if not before:  # the first text: the event stream begins
                         await self._start_events()
@@ -222,7 +225,7 @@ class FileTranscription:
             await self.exchange.end_stream()
             return
         detected = next((f.language for f in finals if f.language), None) or language
-        await self.exchange.respond(200, response_body(form, finals, duration, detected),
+        await self.exchange.respond(200, response_body(form, finals, words, duration, detected),
                                     CONTENT_TYPES[form.response_format])
 
     async def _start_events(self) -> None:
@@ -256,8 +259,8 @@ class FileTranscription:
         self._samples += len(block)
         return session.feed(block.astype("<f4").tobytes())
 
-    def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Final]:
-        future: asyncio.Future[Final] = asyncio.get_running_loop().create_future()
+    def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Segment]:
+        future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
 
         def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
             if future.done():
@@ -266,10 +269,11 @@ class FileTranscription:
                 future.set_exception(ApiError(500, f"inference failed: {error}", type="server_error",
                                               code=error.code))
                 return
-            future.set_result(Final(
+            future.set_result((Final(  # the model's tokens, as a live stream's final has them
                 segment=job.segment, text=transcript.text, start=job.start, end=job.end,
                 language=transcript.language, emotion=transcript.emotion, event=transcript.event,
-                tokens=[TokenTime(w.text, w.start, w.end) for w in transcript.words]))
+                tokens=[TokenTime(t.text, t.start, t.end) for t in transcript.tokens]),
+                [TokenTime(w.text, w.start, w.end) for w in transcript.words]))
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,

@@ -15,7 +15,7 @@ import soundfile
 import soxr
 import websockets
 
-from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
+from openai_testkit import DEMO, HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
 from pipeline.audio import SAMPLE_RATE
 from server_testkit import eventually, http_get
 from server.openai_http import MAX_UPLOAD_BYTES
@@ -183,3 +183,23 @@ async def test_a_stalled_upload_is_answered_408(serve_test_server, monkeypatch):
                                             f"Authorization: Bearer {TOKEN}\r\nContent-Type: {content_type}\r\n"
                                             f"Content-Length: {len(body)}\r\n\r\n", body[:1000])
     assert status == 408 and json.loads(answer)["error"]["code"] == "request_timeout"
+
+
+async def test_srt_splits_a_long_segment_between_words(serve_test_server, test_model_dir):
+    """A segment over 7 s becomes several cues split at word times, each cue's words spaced as in the text
+    (the cues of a long segment used to run its words together: "onetwothree")."""
+    transcripts = json.loads((DEMO / "transcripts.json").read_text())[:8]
+    gap = np.zeros(int(0.15 * SAMPLE_RATE), np.float32)  # shorter than the end silence: one segment
+    audio = np.concatenate([part for t in transcripts
+                            for part in (soundfile.read(DEMO / t["audio"], dtype="float32")[0], gap)])
+    wav = io.BytesIO()
+    soundfile.write(wav, audio, SAMPLE_RATE, format="WAV")
+    async with serve_test_server(token=TOKEN) as url:
+        create = sdk(url).audio.transcriptions.create
+        verbose = await create(model="whisper-1", file=("long.wav", wav.getvalue()), response_format="verbose_json")
+        srt = await create(model="whisper-1", file=("long.wav", wav.getvalue()), response_format="srt")
+    cue_texts = [block.split("\n", 2)[2] for block in srt.strip().split("\n\n")] if srt.strip() else []
+    assert words(" ".join(cue_texts)) == words(verbose.text)
+    if knows_words(test_model_dir):
+        assert len(verbose.segments) == 1 and verbose.duration > 7 and len(cue_texts) > 1
+        assert words(verbose.text) == words(" ".join(t["text"] for t in transcripts))
