@@ -201,7 +201,7 @@ def parse_event(text: str) -> dict[str, Any]:
     """A client event's JSON -> dict with a string `type` (EventError otherwise)."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays or objects
         raise EventError(f"The server could not parse the event: {exc}", code="invalid_json") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise EventError("An event must be a JSON object with a string 'type'", code="invalid_json")

@@ -100,6 +100,7 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
             mistakes = [
                 ({"type": "response.create", "event_id": "e1"}, "invalid_value"),
                 ("{not json", "invalid_json"),
+                ("[" * 100_000, "invalid_json"),  # nested past Python's recursion limit: was a 1011 close
                 ({"type": "input_audio_buffer.append", "audio": "***"}, "invalid_base64"),
                 ({"type": "input_audio_buffer.append", "audio": b64(b"\0\0\0")}, "invalid_audio"),
                 ({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
