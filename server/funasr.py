@@ -15,21 +15,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import io
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urlsplit
 
-import numpy as np
 from websockets.asyncio.server import Server as WebSocketServer, ServerConnection, serve
 from websockets.http11 import Request, Response
 
-from pipeline.audio import SAMPLE_RATE, AudioFormat, resample
-from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
+from pipeline.audio import SAMPLE_RATE, AudioFormat
+from pipeline.errors import ProtocolError, UnipadError
 from pipeline.hotwords import parse_word_weights
 from pipeline.stream import StreamSession
 
+from .audio_file import decode_file
 from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrConfig, ResultWriter, SegmentResult, Word,
                               ack_message, encode, end_message, error_message, final_message, parse_control)
 from .http import check_handshake_token, response
@@ -84,23 +83,6 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
 
 async def _serve_connection(app: Server, ws: ServerConnection) -> None:
     await app.serve_stream(FunasrConnection(app, ws))  # so a graceful shutdown drains FunASR streams too
-
-
-def decode_file(data: bytes, wav_format: str) -> np.ndarray:
-    """The bytes of an audio file soundfile can read -> float32 mono [n] at SAMPLE_RATE, in [-1, 1]."""
-    import soundfile  # the streaming path never needs it
-
-    try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (RuntimeError, OSError, ValueError) as exc:  # LibsndfileError is a RuntimeError
-        raise AudioFormatError(f"Cannot decode the {wav_format} file ({len(data)} bytes): {exc}",
-                               wav_format=wav_format) from None
-    if samples.shape[0] == 0:
-        raise AudioFormatError(f"The {wav_format} file contains no samples.", wav_format=wav_format)
-    mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
-    if not np.isfinite(mono).all():
-        raise AudioFormatError(f"The {wav_format} file contains NaN or infinite samples.", wav_format=wav_format)
-    return np.clip(resample(mono, rate), -1.0, 1.0)
 
 
 @dataclass(frozen=True)

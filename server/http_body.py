@@ -119,6 +119,11 @@ class HttpExchange:
         self.transport.write(head + data + self._h11.send(h11.EndOfMessage()))
         await self._drain()
 
+    @property
+    def streaming(self) -> bool:
+        """A `start_stream()` response is under way: its status is sent, its body is not ended."""
+        return self._h11.our_state is h11.SEND_BODY
+
     async def start_stream(self, status: int, content_type: str) -> None:
         """A response whose body follows in `send_part()` calls (chunked encoding), ended by `end_stream()`."""
         self.transport.write(self._head(status, content_type, None))
@@ -186,8 +191,11 @@ class BodyAwareConnection(ServerConnection):
 
     def eof_received(self) -> bool | None:
         if self.exchange is not None:
+            # An HTTP client that stops sending has gone: HTTP clients do not half-close to await an
+            # answer (uvicorn treats EOF the same way). Closing makes connection_lost end the request's
+            # work, so a file nobody waits for is not decoded on.
             self.exchange.receive(b"")
-            return True  # keep the transport open to send the answer
+            return False
         return super().eof_received()
 
     async def handshake(self, *args: Any, **kwargs: Any) -> None:

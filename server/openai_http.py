@@ -1,6 +1,7 @@
 """OpenAI's speech-to-text HTTP API on the stream port: POST /v1/audio/transcriptions, GET /v1/models.
 
-An upload is decoded (soundfile: any format, rate and channel count it reads), cut by the same VAD
+An upload is decoded block by block as it is segmented (server/audio_file.py: any format, rate and channel
+count soundfile reads; never the whole file at once), cut by the same VAD
 (StreamSession, no partials) and decoded by the same worker as live streams, as BATCH jobs: after every
 waiting final, taking turns with partials (server/worker.py), at most FILE_JOBS_IN_FLIGHT at a time, so a
 long file neither starves live streams nor fills the queue. It counts as one session against
@@ -14,7 +15,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import h11
 from websockets.asyncio.server import ServerConnection
@@ -25,11 +26,11 @@ from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, Unip
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
 
-from .funasr import decode_file
+from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, request_token, token_matches
-from .http_body import BodyTooLarge, HttpExchange, HttpRequest
+from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
-                            model_object, models_body, parse_form, response_body)
+                            model_object, models_body, parse_form, response_body, sse)
 from .protocol import Final, TokenTime
 from .worker import BATCH, Job
 
@@ -39,12 +40,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+TRANSLATIONS_PATH = "/v1/audio/translations"  # not served: answered with why (docs/openai.md)
 MODELS_PATH = "/v1/models"
 MAX_UPLOAD_BYTES = 25 << 20  # OpenAI's own limit for this endpoint (25 MB); larger bodies get 413
 FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (the worker stays busy)
-FEED_SECONDS = 10  # the segmenter reads an upload 10 s at a time, off the event loop
+FEED_SECONDS = 10  # an upload is decoded and segmented 10 s at a time, off the event loop
 JOB_TIMEOUT = 120.0  # seconds one segment may wait for the worker before the request fails (503)
 DEFAULT_LANGUAGE = "auto"
+Segment = tuple[Final, list[TokenTime]]  # a segment's final and its words
+
+
+def invalid_file(exc: AudioFormatError) -> ApiError:
+    return ApiError(400, f"Invalid file format: {exc}", param="file", code="invalid_file")
 
 
 def error_response(error: ApiError) -> Response:
@@ -75,6 +82,15 @@ def check_origin(app: Server, headers: Any) -> None:
         raise ApiError(403, f"origin {origin!r} is not allowed", code="origin_not_allowed")
 
 
+def check_path(method: str, path: str) -> None:
+    """404 for any path but the transcriptions endpoint, saying why for translations."""
+    if path == TRANSLATIONS_PATH:
+        raise ApiError(404, "Translation is not supported: this server only transcribes, in the language "
+                       f"spoken (POST {TRANSCRIPTIONS_PATH})", code="unsupported_endpoint")
+    if path != TRANSCRIPTIONS_PATH:
+        raise ApiError(404, f"Invalid URL ({method} {path})")
+
+
 def get_response(app: Server, connection: ServerConnection, request: Request, path: str) -> Response:
     """GET /v1/models and /v1/models/<id> (websockets' process_request answers these)."""
     try:
@@ -87,7 +103,8 @@ def get_response(app: Server, connection: ServerConnection, request: Request, pa
         if path.startswith(MODELS_PATH + "/"):
             raise ApiError(404, f"The model '{path[len(MODELS_PATH) + 1:]}' does not exist", param="model",
                            code="model_not_found")
-        raise ApiError(404, f"Invalid URL (GET {path})")
+        check_path("GET", path)
+        raise ApiError(405, f"GET is not allowed on {path}; use POST")
     except ApiError as exc:
         return error_response(exc)
 
@@ -96,8 +113,7 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
     """Any request other than a GET on the stream port (server/http_body.py)."""
     path = request.path.split("?", 1)[0]
     try:
-        if path != TRANSCRIPTIONS_PATH:
-            raise ApiError(404, f"Invalid URL ({request.method} {path})")
+        check_path(request.method, path)
         if request.method != "POST":
             raise ApiError(405, f"{request.method} is not allowed on {path}; use POST")
         check_origin(app, request.headers)
@@ -111,16 +127,24 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
             return
         work.result()
     except ApiError as exc:
-        await exchange.respond(exc.status, json.dumps(exc.body()) + "\n", "application/json")
+        await answer_error(exchange, exc)
     except h11.RemoteProtocolError as exc:
-        error = ApiError(400, f"malformed HTTP request: {exc}")
-        await exchange.respond(400, json.dumps(error.body()) + "\n", "application/json")
+        await answer_error(exchange, ApiError(400, f"malformed HTTP request: {exc}"))
     except (ConnectionError, asyncio.TimeoutError):
         log.info("openai request from %s: the client went away", client_address(exchange.connection))
     except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
         log.exception("openai request: internal error")
-        await exchange.respond(500, json.dumps(ApiError(500, f"internal error: {type(exc).__name__}",
-                                                        type="server_error").body()), "application/json")
+        await answer_error(exchange, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+
+async def answer_error(exchange: HttpExchange, error: ApiError) -> None:
+    """The error response; once an event stream has begun, its last event instead (`data: {"error": ...}`,
+    which the SDK raises as APIError), so the client learns why instead of seeing a cut-off stream."""
+    if exchange.streaming:
+        await exchange.send_part(sse(error.body()))
+        await exchange.end_stream()
+        return
+    await exchange.respond(error.status, json.dumps(error.body()) + "\n", "application/json")
 
 
 class FileTranscription:
@@ -131,6 +155,7 @@ class FileTranscription:
         self.exchange = exchange
         self.id = uuid.uuid4().hex[:12]
         self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
+        self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -142,6 +167,9 @@ class FileTranscription:
         except BodyTooLarge:
             raise ApiError(413, f"request body over the limit of {MAX_UPLOAD_BYTES} bytes",
                            code="file_too_large") from None
+        except asyncio.TimeoutError:  # answered, not just closed: the client may retry (OpenAI's SDK does)
+            raise ApiError(408, f"the request body stalled: nothing arrived for {BODY_TIMEOUT:g} s",
+                           code="request_timeout") from None
         form = parse_form(request.headers.get("Content-Type", ""), body)
         language = form.language or DEFAULT_LANGUAGE
         try:
@@ -149,9 +177,9 @@ class FileTranscription:
         except ProtocolError as exc:
             raise ApiError(400, str(exc), param="language", code="unsupported_language") from None
         try:
-            audio = await asyncio.to_thread(decode_file, form.file, form.filename)
+            audio = await asyncio.to_thread(open_audio, form.file, form.filename)
         except AudioFormatError as exc:
-            raise ApiError(400, f"Invalid file format: {exc}", param="file", code="invalid_file") from None
+            raise invalid_file(exc) from None
         try:
             self.app.admit(self)  # type: ignore[arg-type] - counted like a stream
         except OverloadError as exc:
@@ -163,20 +191,23 @@ class FileTranscription:
             self.app.worker.cancel_session(self.id)
 
     async def _transcribe(self, form: TranscriptionForm, audio: Any, language: str) -> None:
-        duration = len(audio) / SAMPLE_RATE
-        pending: asyncio.Queue[asyncio.Future[Final] | None] = asyncio.Queue()
-        producer = asyncio.ensure_future(self._submit_segments(audio, language, pending))
+        """`audio`: the open_audio() file, decoded FEED_SECONDS at a time as the segmenter takes it."""
+        blocks = audio_blocks(audio, form.filename, FEED_SECONDS)
+        pending: asyncio.Queue[asyncio.Future[Segment] | None] = asyncio.Queue()
+        producer = asyncio.ensure_future(self._submit_segments(blocks, language, pending))
         finals: list[Final] = []
+        words: list[TokenTime] = []
         try:
             while (future := await pending.get()) is not None:
                 try:
-                    final = await asyncio.wait_for(future, JOB_TIMEOUT)
+                    final, final_words = await asyncio.wait_for(future, JOB_TIMEOUT)
                 except asyncio.TimeoutError:
                     raise ApiError(503, f"no result from the model within {JOB_TIMEOUT:g} s; retry later",
                                    type="server_error", code="overloaded") from None
                 self._slots.release()
                 before = full_text(finals)
                 finals.append(final)
+                words += final_words
                 if form.stream and full_text(finals) != before:
                     if not before:  # the first text: the event stream begins
                         await self._start_events()
@@ -184,6 +215,9 @@ class FileTranscription:
             await producer  # its error, if any
         finally:
             producer.cancel()
+        if not self._samples:  # a header promising frames that are not there
+            raise invalid_file(AudioFormatError(f"The {form.filename} file contains no samples."))
+        duration = self._samples / SAMPLE_RATE
         if form.stream:
             if not full_text(finals):
                 await self._start_events()
@@ -191,31 +225,42 @@ class FileTranscription:
             await self.exchange.end_stream()
             return
         detected = next((f.language for f in finals if f.language), None) or language
-        await self.exchange.respond(200, response_body(form, finals, duration, detected),
+        await self.exchange.respond(200, response_body(form, finals, words, duration, detected),
                                     CONTENT_TYPES[form.response_format])
 
     async def _start_events(self) -> None:
         await self.exchange.start_stream(200, "text/event-stream; charset=utf-8")
 
-    async def _submit_segments(self, audio: Any, language: str, pending: asyncio.Queue[Any]) -> None:
-        """Segment the upload (off the loop) and submit each segment, FILE_JOBS_IN_FLIGHT at most at once;
-        queue each one's future in order, then None."""
+    async def _submit_segments(self, blocks: Iterator[Any], language: str, pending: asyncio.Queue[Any]) -> None:
+        """Decode and segment the upload block by block (off the loop) and submit each segment,
+        FILE_JOBS_IN_FLIGHT at most at once; queue each one's future in order, then None."""
         try:
             options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
             session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
-            step = FEED_SECONDS * SAMPLE_RATE
-            for i in range(0, len(audio) + step, step):
-                chunk = audio[i:i + step].astype("<f4").tobytes()
-                events = await asyncio.to_thread(session.feed, chunk) if chunk else session.finish()
+            done = False
+            while not done:
+                events = await asyncio.to_thread(self._feed_block, blocks, session)
+                if events is None:
+                    events, done = session.finish(), True
                 for event in events:
                     if isinstance(event, SegmentFinished):
                         await self._slots.acquire()
                         pending.put_nowait(self._submit(event, language))
+        except AudioFormatError as exc:  # found while decoding (a NaN sample)
+            raise invalid_file(exc) from None
         finally:
             pending.put_nowait(None)
 
-    def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Final]:
-        future: asyncio.Future[Final] = asyncio.get_running_loop().create_future()
+    def _feed_block(self, blocks: Iterator[Any], session: StreamSession) -> list[Any] | None:
+        """The next block of the file through the segmenter (on a thread); None after the last."""
+        block = next(blocks, None)
+        if block is None:
+            return None
+        self._samples += len(block)
+        return session.feed(block.astype("<f4").tobytes())
+
+    def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Segment]:
+        future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
 
         def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
             if future.done():
@@ -224,10 +269,11 @@ class FileTranscription:
                 future.set_exception(ApiError(500, f"inference failed: {error}", type="server_error",
                                               code=error.code))
                 return
-            future.set_result(Final(
+            future.set_result((Final(  # the model's tokens, as a live stream's final has them
                 segment=job.segment, text=transcript.text, start=job.start, end=job.end,
                 language=transcript.language, emotion=transcript.emotion, event=transcript.event,
-                tokens=[TokenTime(w.text, w.start, w.end) for w in transcript.words]))
+                tokens=[TokenTime(t.text, t.start, t.end) for t in transcript.tokens]),
+                [TokenTime(w.text, w.start, w.end) for w in transcript.words]))
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,

@@ -17,7 +17,7 @@ import multipart
 from clients.subtitles import to_srt, to_vtt
 
 from .funasr_protocol import join_texts
-from .protocol import Final
+from .protocol import Final, TokenTime
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAM_FORMATS = ("json", "text")  # OpenAI streams only these (its gpt-4o-transcribe models)
@@ -68,8 +68,10 @@ def _flag(value: str, name: str) -> bool:
 def parse_form(content_type: str, body: bytes) -> TranscriptionForm:
     """A multipart/form-data body -> its fields; ApiError 400 naming the first bad one."""
     kind, options = multipart.parse_options_header(content_type)
-    if kind != "multipart/form-data" or not options.get("boundary"):
+    if kind != "multipart/form-data":
         raise ApiError(400, f"the body must be multipart/form-data, got {content_type or 'no Content-Type'!r}")
+    if not options.get("boundary"):
+        raise ApiError(400, "the multipart/form-data Content-Type has no boundary parameter")
     fields: dict[str, list[str]] = {}
     upload: tuple[str, bytes] | None = None
     try:
@@ -124,12 +126,10 @@ def _segment(index: int, final: Final) -> dict[str, Any]:
             "compression_ratio": round(len(text.encode()) / compressed, 4), "no_speech_prob": 0.0}
 
 
-def words_of(final: Final) -> list[dict[str, Any]]:
-    return [{"word": t.text.strip(), "start": t.start, "end": t.end} for t in final.tokens if t.text.strip()]
-
-
-def response_body(form: TranscriptionForm, finals: Sequence[Final], duration: float, language: str) -> str:
-    """The body of a non-streaming answer in `form.response_format`. `finals` carry words as tokens."""
+def response_body(form: TranscriptionForm, finals: Sequence[Final], words: Sequence[TokenTime], duration: float,
+                  language: str) -> str:
+    """The body of a non-streaming answer in `form.response_format`. `finals` carry the model's tokens (the
+    subtitles split long ones at them, as for live streams); `words` are every final's words, in order."""
     text = full_text(finals)
     usage = {"type": "duration", "seconds": round(duration, 3)}
     if form.response_format == "text":
@@ -145,7 +145,7 @@ def response_body(form: TranscriptionForm, finals: Sequence[Final], duration: fl
     if "segment" in form.granularities or not form.granularities:
         body["segments"] = [_segment(i, f) for i, f in enumerate(finals)]
     if "word" in form.granularities:
-        body["words"] = [w for f in finals for w in words_of(f)]
+        body["words"] = [{"word": w.text.strip(), "start": w.start, "end": w.end} for w in words if w.text.strip()]
     body["usage"] = usage
     return json.dumps(body, ensure_ascii=False)
 

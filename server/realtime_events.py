@@ -80,6 +80,17 @@ def _get(data: Any, key: str, kind: type | tuple[type, ...], param: str) -> Any:
     return value
 
 
+def _object(data: dict[str, Any], key: str, param: str) -> dict[str, Any]:
+    """The object at `data[key]`, {} when absent or null; EventError for another type (a string, a list)."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise EventError(f"Invalid type for '{param}.{key}': expected an object, got {type(value).__name__}",
+                         param=f"{param}.{key}")
+    return value
+
+
 def _turn_detection(data: Any, param: str, current: TurnDetection | None) -> TurnDetection | None:
     if data is None:
         return None
@@ -129,9 +140,8 @@ def apply_update(config: SessionConfig, event: dict[str, Any], languages: Any) -
         if session.get("type", "transcription") != "transcription":
             raise EventError(f"session.type {session.get('type')!r} is not supported: this server transcribes "
                              "(type \"transcription\")", param="session.type")
-        audio = session.get("audio") or {}
-        source = audio.get("input") if isinstance(audio, dict) else None
-        source, prefix = source or {}, "session.audio.input"
+        source = _object(_object(session, "audio", "session"), "input", "session.audio")
+        prefix = "session.audio.input"
         fmt_key, transcription_key = "format", "transcription"
     else:
         source, prefix, fmt_key, transcription_key = session, "session", "input_audio_format", "input_audio_transcription"
@@ -141,8 +151,8 @@ def apply_update(config: SessionConfig, event: dict[str, Any], languages: Any) -
     if "turn_detection" in source:
         changes["turn_detection"] = _turn_detection(source["turn_detection"], f"{prefix}.turn_detection",
                                                     config.turn_detection)
-    transcription = source.get(transcription_key)
     param = f"{prefix}.{transcription_key}"
+    transcription = _object(source, transcription_key, prefix)
     for key in ("model", "language", "prompt"):
         value = _get(transcription, key, str, param)
         if value is not None:
@@ -191,7 +201,7 @@ def parse_event(text: str) -> dict[str, Any]:
     """A client event's JSON -> dict with a string `type` (EventError otherwise)."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays or objects
         raise EventError(f"The server could not parse the event: {exc}", code="invalid_json") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise EventError("An event must be a JSON object with a string 'type'", code="invalid_json")

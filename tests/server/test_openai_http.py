@@ -2,8 +2,10 @@
 not send) against a real server on 127.0.0.1."""
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -13,8 +15,9 @@ import soundfile
 import soxr
 import websockets
 
-from openai_testkit import HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
+from openai_testkit import DEMO, HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
 from pipeline.audio import SAMPLE_RATE
+from server_testkit import eventually, http_get
 from server.openai_http import MAX_UPLOAD_BYTES
 
 
@@ -88,11 +91,18 @@ async def test_errors_are_openai_error_objects(serve_test_server):
             "stream srt": (await upload({"model": "m", "stream": "true", "response_format": "srt"}), 400, "stream"),
             "not a form": (await post(url.port, "/v1/audio/transcriptions", b"{}", auth), 400, None),
             "path": (await post(url.port, "/v1/audio/translations", b"x", auth), 404, None),
+            "no boundary": (await post(url.port, "/v1/audio/transcriptions", b"x",
+                                       {**auth, "Content-Type": "multipart/form-data"}), 400, None),
         }
         for name, ((status, answer), expected_status, param) in cases.items():
             error = answer["error"]
             assert status == expected_status and set(error) == {"message", "type", "param", "code"}, name
             assert error["param"] == param and error["message"], name
+        assert "Translation is not supported" in cases["path"][0][1]["error"]["message"]
+        assert "no boundary" in cases["no boundary"][0][1]["error"]["message"]
+        assert "BytesIO" not in cases["bad file"][0][1]["error"]["message"]
+        status, _, answer = await http_get(url.http, "/v1/audio/transcriptions", auth)
+        assert status == 405 and "use POST" in json.loads(answer)["error"]["message"]
         with pytest.raises(openai.AuthenticationError):
             await sdk(url, key="wrong").models.list()
         # Chunked upload (no Content-Length), as clients streaming a file send it.
@@ -116,3 +126,80 @@ async def test_errors_are_openai_error_objects(serve_test_server):
             with pytest.raises(openai.InternalServerError) as refused:
                 await sdk(url).audio.transcriptions.create(model="m", file=HELD_OUT)
             assert refused.value.status_code == 503 and refused.value.code == "overloaded"
+
+
+async def test_a_client_that_hangs_up_stops_its_upload(serve_test_server, caplog):
+    """A client gone after sending a long file (its FIN, as a killed curl sends) stops the decoding: the
+    server no longer decodes minutes of audio nobody waits for (it used to hold the socket open to the end)."""
+    audio, _ = soundfile.read(HELD_OUT, dtype="int16")
+    wav = io.BytesIO()
+    soundfile.write(wav, np.tile(audio, 20), SAMPLE_RATE, format="WAV")  # 60 utterances, 2.4 min
+    body, content_type = multipart_body({"model": "whisper-1"}, wav.getvalue())
+    runs: list[int] = []
+    caplog.set_level(logging.INFO, logger="server.openai_http")
+    async with serve_test_server(token=TOKEN) as url:
+        url.server.engine.fault_hook = runs.append
+        reader, writer = await asyncio.open_connection("127.0.0.1", url.port)
+        writer.write(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                     f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        writer.close()
+        await eventually(lambda: "the client went away" in caplog.text, timeout=60)
+        await eventually(lambda: not url.server.connections)
+        assert len(runs) < 30  # of 60 segments: at most those already under way
+        url.server.engine.fault_hook = None
+        assert (await sdk(url).audio.transcriptions.create(model="whisper-1", file=HELD_OUT)).text
+
+
+async def test_an_inference_failure_mid_stream_is_an_error_event(serve_test_server):
+    """Once the event stream has begun, a failure is its last event (`data: {"error": ...}`), which the SDK
+    raises as APIError with the reason, instead of a cut-off stream (an unexplained connection error)."""
+    first: list[int] = []
+
+    def fail_after_the_first_run(call: int) -> None:
+        first.append(first[0] if first else call)
+        if call > first[0]:
+            raise RuntimeError("injected fault")
+
+    async with serve_test_server(token=TOKEN) as url:
+        url.server.engine.fault_hook = fail_after_the_first_run
+        stream = await sdk(url).audio.transcriptions.create(model="whisper-1", file=HELD_OUT, stream=True)
+        events = []
+        with pytest.raises(openai.APIError, match="injected fault"):
+            async for event in stream:
+                events.append(event)
+        with pytest.raises(openai.InternalServerError, match="injected fault"):  # not streamed: a 500
+            await sdk(url).audio.transcriptions.create(model="whisper-1", file=HELD_OUT)
+    assert [e.type for e in events] == ["transcript.text.delta"]
+
+
+async def test_a_stalled_upload_is_answered_408(serve_test_server, monkeypatch):
+    """A body that stops arriving gets OpenAI's error object with 408 (which the SDK retries), not a bare
+    close after the pause limit."""
+    monkeypatch.setattr("server.http_body.BODY_TIMEOUT", 0.5)  # the limit is 30 s; the rule is the same
+    async with serve_test_server(token=TOKEN) as url:
+        body, content_type = multipart_body({"model": "whisper-1"}, HELD_OUT.read_bytes())
+        status, answer = await raw_exchange(url.port, f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                                            f"Authorization: Bearer {TOKEN}\r\nContent-Type: {content_type}\r\n"
+                                            f"Content-Length: {len(body)}\r\n\r\n", body[:1000])
+    assert status == 408 and json.loads(answer)["error"]["code"] == "request_timeout"
+
+
+async def test_srt_splits_a_long_segment_between_words(serve_test_server, test_model_dir):
+    """A segment over 7 s becomes several cues split at word times, each cue's words spaced as in the text
+    (the cues of a long segment used to run its words together: "onetwothree")."""
+    transcripts = json.loads((DEMO / "transcripts.json").read_text())[:8]
+    gap = np.zeros(int(0.15 * SAMPLE_RATE), np.float32)  # shorter than the end silence: one segment
+    audio = np.concatenate([part for t in transcripts
+                            for part in (soundfile.read(DEMO / t["audio"], dtype="float32")[0], gap)])
+    wav = io.BytesIO()
+    soundfile.write(wav, audio, SAMPLE_RATE, format="WAV")
+    async with serve_test_server(token=TOKEN) as url:
+        create = sdk(url).audio.transcriptions.create
+        verbose = await create(model="whisper-1", file=("long.wav", wav.getvalue()), response_format="verbose_json")
+        srt = await create(model="whisper-1", file=("long.wav", wav.getvalue()), response_format="srt")
+    cue_texts = [block.split("\n", 2)[2] for block in srt.strip().split("\n\n")] if srt.strip() else []
+    assert words(" ".join(cue_texts)) == words(verbose.text)
+    if knows_words(test_model_dir):
+        assert len(verbose.segments) == 1 and verbose.duration > 7 and len(cue_texts) > 1
+        assert words(verbose.text) == words(" ".join(t["text"] for t in transcripts))

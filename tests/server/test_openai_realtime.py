@@ -100,6 +100,7 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
             mistakes = [
                 ({"type": "response.create", "event_id": "e1"}, "invalid_value"),
                 ("{not json", "invalid_json"),
+                ("[" * 100_000, "invalid_json"),  # nested past Python's recursion limit: was a 1011 close
                 ({"type": "input_audio_buffer.append", "audio": "***"}, "invalid_base64"),
                 ({"type": "input_audio_buffer.append", "audio": b64(b"\0\0\0")}, "invalid_audio"),
                 ({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
@@ -107,6 +108,11 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
                 ({"type": "transcription_session.update", "session": {"input_audio_format": "g711_ulaw"}},
                  "unsupported_audio_format"),
                 ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+                # Settings of the wrong JSON type: an error naming them, not the session's end (was 1011).
+                ({"type": "session.update", "session": {"audio": {"input": "pcm"}}}, "invalid_value"),
+                ({"type": "session.update", "session": {"audio": "pcm"}}, "invalid_value"),
+                ({"type": "transcription_session.update", "session": {"input_audio_transcription": "en"}},
+                 "invalid_value"),
             ]
             for message, code in mistakes:
                 await ws.send(message if isinstance(message, str) else json.dumps(message))

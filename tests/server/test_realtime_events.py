@@ -31,6 +31,9 @@ def test_ga_and_beta_updates_set_the_same_settings():
     ({"audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
     ({"audio": {"input": {"transcription": {"language": "fr"}}}}, "session.audio.input.transcription.language"),
     ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
+    ({"audio": {"input": {"transcription": "en"}}}, "session.audio.input.transcription"),
+    ({"audio": {"input": "pcm"}}, "session.audio.input"),
+    ({"audio": ["pcm"]}, "session.audio"),
 ])
 def test_bad_settings_name_their_parameter(session, param):
     with pytest.raises(EventError) as error:

@@ -1,0 +1,62 @@
+"""Uploaded audio files (bytes of anything soundfile reads) -> float32 mono at SAMPLE_RATE, block by block.
+
+Why blocks: compressed audio is small for its length (an hour of Opus fits in 3 MB, so OpenAI's 25 MB upload
+limit admits ten hours), and decoding it whole held every second at the file's rate, then again at 16 kHz:
+over a gigabyte per hour of audio, enough for one upload to exhaust the machine and take every live stream
+with it. Read block by block, an upload holds one block decoded at a time. Streaming soxr gives the same
+samples as resampling the whole file at once.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any, Iterator
+
+import numpy as np
+import soxr
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.errors import AudioFormatError
+
+BLOCK_SECONDS = 10  # decoded at a time
+
+
+def open_audio(data: bytes, name: str) -> Any:
+    """The file as a soundfile.SoundFile; AudioFormatError if soundfile cannot read it or it holds no samples."""
+    import soundfile  # the streaming path never needs it
+
+    try:
+        file = soundfile.SoundFile(io.BytesIO(data))
+    except (RuntimeError, OSError, ValueError) as exc:  # LibsndfileError is a RuntimeError
+        reason = getattr(exc, "error_string", None) or exc  # libsndfile's own words, not "Error opening <BytesIO>"
+        raise AudioFormatError(f"Cannot decode the {name} file ({len(data)} bytes): {reason}",
+                               wav_format=name) from None
+    if file.frames == 0:
+        raise AudioFormatError(f"The {name} file contains no samples.", wav_format=name)
+    return file
+
+
+def audio_blocks(file: Any, name: str, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
+    """An open_audio() file -> float32 [n] blocks in [-1, 1] at SAMPLE_RATE (channels averaged), `seconds`
+    of the file at a time; AudioFormatError at a NaN or infinite sample."""
+    rate = file.samplerate
+    stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+    while True:
+        block = file.read(max(1, int(seconds * rate)), dtype="float32", always_2d=True)
+        mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+        if not np.isfinite(mono).all():
+            raise AudioFormatError(f"The {name} file contains NaN or infinite samples.", wav_format=name)
+        last = len(block) == 0
+        if stream is not None:
+            mono = stream.resample_chunk(np.ascontiguousarray(mono), last=last)
+        if len(mono):
+            yield np.clip(mono, -1.0, 1.0)
+        if last:
+            return
+
+
+def decode_file(data: bytes, name: str) -> np.ndarray:
+    """The whole file at once: float32 [n] in [-1, 1] at SAMPLE_RATE."""
+    blocks = list(audio_blocks(open_audio(data, name), name))
+    if not blocks:  # a header promising frames that are not there
+        raise AudioFormatError(f"The {name} file contains no samples.", wav_format=name)
+    return np.concatenate(blocks)
