@@ -1,7 +1,6 @@
 """Hardening regressions of the stream endpoints, end to end (real server, real WebSocket, real audio)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 
