@@ -36,6 +36,7 @@ Audio from another thread (a bot's audio callback, a sound card): hand each chun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from typing import Any, Awaitable, Callable, Sequence, Union
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -362,8 +363,7 @@ class connect:
     async def _handshake(self, start: Start) -> tuple[ClientConnection, Ready]:
         """Connect, send `start`, wait for `ready`."""
         url = stream_url(self.url, self.start.token)
-        host = urlsplit(url).hostname or ""
-        proxy = None if host in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
+        proxy = None if urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
         try:
             ws = await websockets.connect(url, open_timeout=self.open_timeout, proxy=proxy, compression=None)
         except InvalidStatus as exc:
@@ -376,7 +376,8 @@ class connect:
         except (OSError, asyncio.TimeoutError, InvalidHandshake) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
         try:
-            await ws.send(encode(start))
+            with contextlib.suppress(ConnectionClosed):  # refused at once (full, loading): its error is read next
+                await ws.send(encode(start))
             ready = await self._wait_ready(ws)
         except BaseException:
             await ws.close()
@@ -414,5 +415,4 @@ class connect:
 
 class Client:
     """`Client.connect(...)` is `connect(...)`, for code that prefers a class as the front door."""
-
     connect = staticmethod(connect)
