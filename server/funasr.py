@@ -93,7 +93,8 @@ def decode_file(data: bytes, wav_format: str) -> np.ndarray:
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except (RuntimeError, OSError, ValueError) as exc:  # LibsndfileError is a RuntimeError
-        raise AudioFormatError(f"Cannot decode the {wav_format} file ({len(data)} bytes): {exc}",
+        reason = getattr(exc, "error_string", None) or exc  # libsndfile's reason, without its "<BytesIO at 0x…>"
+        raise AudioFormatError(f"Cannot decode the {wav_format} file ({len(data)} bytes): {reason}",
                                wav_format=wav_format) from None
     if samples.shape[0] == 0:
         raise AudioFormatError(f"The {wav_format} file contains no samples.", wav_format=wav_format)
