@@ -67,6 +67,7 @@ from server.protocol import (
 
 DEFAULT_URL = f"ws://127.0.0.1:{DEFAULT_PORT}{STREAM_PATH}"
 STOP_TIMEOUT = 60.0  # seconds to wait for the last final after `stop`: a 30 s segment on a slow CPU
+SEND_PIECE = 256 * 1024  # bytes per message: a longer send() (a whole recording) goes as several (server: 1 MiB)
 _INT16_SCALE = 32768.0
 
 Result = Union[Partial, Final, Done]
@@ -90,9 +91,7 @@ class ServerError(ClientError):
 
     def __init__(self, code: str, message: str, segment: int | None = None) -> None:
         super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.segment = segment
+        self.code, self.message, self.segment = code, message, segment
 
 
 class StreamClosedError(ClientError):
@@ -185,12 +184,11 @@ class Stream:
         return to_pcm(audio, self.start.format, self.start.channels)
 
     async def send(self, audio: bytes | bytearray | memoryview | np.ndarray) -> None:
-        """Send one chunk of audio in the format the start message declared (see `to_pcm`); ~100 ms is typical."""
+        """Send audio in the format the start message declared (see `to_pcm`); ~100 ms a call is typical."""
         data = self._pcm_to_send(audio)
-        if not data:
-            return
         try:
-            await self._ws.send(data)
+            for i in range(0, len(data), SEND_PIECE):
+                await self._ws.send(data[i:i + SEND_PIECE])
         except ConnectionClosed:
             await self._finished.wait()  # let the reader record why
             raise self._error or StreamClosedError(None) from None
