@@ -36,6 +36,7 @@ Audio from another thread (a bot's audio callback, a sound card): hand each chun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from typing import Any, Awaitable, Callable, Sequence, Union
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -66,6 +67,7 @@ from server.protocol import (
 
 DEFAULT_URL = f"ws://127.0.0.1:{DEFAULT_PORT}{STREAM_PATH}"
 STOP_TIMEOUT = 60.0  # seconds to wait for the last final after `stop`: a 30 s segment on a slow CPU
+SEND_PIECE = 256 * 1024  # bytes per message: a longer send() (a whole recording) goes as several (server: 1 MiB)
 _INT16_SCALE = 32768.0
 
 Result = Union[Partial, Final, Done]
@@ -89,9 +91,7 @@ class ServerError(ClientError):
 
     def __init__(self, code: str, message: str, segment: int | None = None) -> None:
         super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.segment = segment
+        self.code, self.message, self.segment = code, message, segment
 
 
 class StreamClosedError(ClientError):
@@ -184,12 +184,11 @@ class Stream:
         return to_pcm(audio, self.start.format, self.start.channels)
 
     async def send(self, audio: bytes | bytearray | memoryview | np.ndarray) -> None:
-        """Send one chunk of audio in the format the start message declared (see `to_pcm`); ~100 ms is typical."""
+        """Send audio in the format the start message declared (see `to_pcm`); ~100 ms a call is typical."""
         data = self._pcm_to_send(audio)
-        if not data:
-            return
         try:
-            await self._ws.send(data)
+            for i in range(0, len(data), SEND_PIECE):
+                await self._ws.send(data[i:i + SEND_PIECE])
         except ConnectionClosed:
             await self._finished.wait()  # let the reader record why
             raise self._error or StreamClosedError(None) from None
@@ -362,8 +361,7 @@ class connect:
     async def _handshake(self, start: Start) -> tuple[ClientConnection, Ready]:
         """Connect, send `start`, wait for `ready`."""
         url = stream_url(self.url, self.start.token)
-        host = urlsplit(url).hostname or ""
-        proxy = None if host in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
+        proxy = None if urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") else True  # never proxy the loopback
         try:
             ws = await websockets.connect(url, open_timeout=self.open_timeout, proxy=proxy, compression=None)
         except InvalidStatus as exc:
@@ -376,7 +374,8 @@ class connect:
         except (OSError, asyncio.TimeoutError, InvalidHandshake) as exc:
             raise ConnectError(f"cannot connect to {self.url}: {exc or type(exc).__name__}") from None
         try:
-            await ws.send(encode(start))
+            with contextlib.suppress(ConnectionClosed):  # refused at once (full, loading): its error is read next
+                await ws.send(encode(start))
             ready = await self._wait_ready(ws)
         except BaseException:
             await ws.close()
@@ -414,5 +413,4 @@ class connect:
 
 class Client:
     """`Client.connect(...)` is `connect(...)`, for code that prefers a class as the front door."""
-
     connect = staticmethod(connect)

@@ -26,7 +26,7 @@ from pipeline.segmenter import FRAME_SECONDS
 from server.protocol import Error, Final, Start, Stop, encode
 from server.resume import Resume
 
-from .client import STOP_TIMEOUT, ClientError, ConnectError, ServerError, Stream, StreamClosedError, connect
+from .client import SEND_PIECE, STOP_TIMEOUT, ClientError, ConnectError, ServerError, Stream, StreamClosedError, connect
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +143,15 @@ class ResumableStream(Stream):
         await self._wait_connected()
         if self._error is not None:  # the stream failed while this send waited for a resume
             raise self._error
-        self.backlog.add(data)  # before sending: if this connection fails, the resume re-sends it
+        pieces = [data[i:i + SEND_PIECE] for i in range(0, len(data), SEND_PIECE)]  # each a message the server takes
+        for piece in pieces:  # before sending: if this connection fails, the resume re-sends them
+            self.backlog.add(piece)
+        ws = self._ws  # not a resumed one: its resume re-sends the backlog itself
         try:
-            await self._ws.send(data)
+            for piece in pieces:
+                await ws.send(piece)
         except ConnectionClosed:
-            pass  # the reader resumes and re-sends it
+            pass  # the reader resumes and re-sends them
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> Any:
         if not self._stopped and self._error is None and self.done is None:

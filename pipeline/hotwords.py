@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
@@ -130,17 +131,22 @@ def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
 
 
 def _weight_lines(text: str) -> dict[str, float]:
-    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files); a line without a weight gets FUNASR_DEFAULT_WEIGHT."""
+    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files: a phrase, then its weight). A line that does not
+    end in a weight is words separated by spaces or commas, each a hotword of FUNASR_DEFAULT_WEIGHT: what
+    FunASR's Python client sends from `--hotword "阿里巴巴 达摩院"` (or "w1,w2"), and how its servers split it."""
     weights: dict[str, float] = {}
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
         try:
-            weight = float(parts[-1]) if len(parts) > 1 else FUNASR_DEFAULT_WEIGHT
-            weights[" ".join(parts[:-1]) if len(parts) > 1 else parts[0]] = weight
-        except ValueError:  # the last word is part of the phrase
-            weights[" ".join(parts)] = FUNASR_DEFAULT_WEIGHT
+            if len(parts) > 1:
+                weights[" ".join(parts[:-1])] = float(parts[-1])
+                continue
+        except ValueError:
+            pass
+        for word in filter(None, re.split(r"[\s,，]+", line)):
+            weights.setdefault(word, FUNASR_DEFAULT_WEIGHT)
     return weights
 
 

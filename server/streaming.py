@@ -168,7 +168,7 @@ class StreamConnection:
         self._unsent_finals = 0
         self._finals_sent = asyncio.Event()
         self._finals_sent.set()
-        self._jobs: set[Job] = set()  # submitted and not yet delivered
+        self._jobs: set[Job] = set()  # submitted and not yet delivered (of partials, only the newest)
         self._closed_segment = -1  # highest segment whose SegmentFinished has been seen
         # (stream seconds received, monotonic time) after each audio message, for the latency metric
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
@@ -321,10 +321,10 @@ class StreamConnection:
         pass
 
     def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
-        job = Job(
-            session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
-            audio_start=event.audio_start, audio=event.audio, arrived=arrived, **self._job_options(),
-        )
+        job = Job(session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
+                  audio_start=event.audio_start, audio=event.audio, arrived=arrived, **self._job_options())
+        if kind == PARTIAL:  # the worker keeps one partial per session: the ones it replaced never come back
+            self._jobs = {j for j in self._jobs if j.kind != PARTIAL}
         self._jobs.add(job)
         self.app.worker.submit(job)
 

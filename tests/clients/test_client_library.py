@@ -91,6 +91,18 @@ async def test_bytes_and_stereo_arrays_are_sent_as_declared(serve_test_server, s
     assert done.segments == len(speech.utterances)
 
 
+async def test_a_whole_recording_in_one_send(serve_test_server, speech):
+    """Over the server's 1 MiB message limit in one call (a bot handing over a recording): the library sends
+    it as several messages, plain or resumable, and every utterance comes back."""
+    audio = np.tile(speech.audio, 5)  # 39 s, 1.2 MiB of s16le
+    async with serve_test_server(partial_interval=0.0) as url:
+        for resume in (None, True):
+            async with connect(url, partials=False, resume=resume) as stream:
+                await stream.send(audio)
+                done = await stream.stop()
+            assert done.segments == len(stream.finals) == 5 * len(speech.utterances), resume
+
+
 def test_to_pcm_scales_and_clips() -> None:
     pcm = np.frombuffer(to_pcm(np.array([0.0, 0.5, -1.0, 2.0], np.float32), "s16le"), "<i2")
     assert pcm.tolist() == [0, 16384, -32768, 32767]

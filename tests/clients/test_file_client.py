@@ -13,6 +13,7 @@ import soxr
 from client_testkit import ROOT, assert_one_line_error, knows_words, normalise, run_script
 from subtitle_validator import parse_srt, parse_vtt
 
+from clients.client import connect
 from pipeline.audio import SAMPLE_RATE
 from server.protocol import Final, parse_server_message
 
@@ -85,6 +86,17 @@ async def test_server_error_is_one_line(serve_test_server):
     async with serve_test_server() as url:  # a language the model does not know: `error` bad_start
         run = await run_script("clients/file.py", FIXTURE, "--url", url, "--fast", "--language", "klingon")
     assert_one_line_error(run, "bad_start", "klingon")
+
+
+async def test_full_server_is_one_line(serve_test_server):
+    """A full server refuses right after the handshake, often before the client's `start` is out: the
+    refusal (`overloaded`) must still be what the user sees, never a traceback of the failed send."""
+    async with serve_test_server(max_sessions=1) as url:
+        async with connect(url):
+            runs = await asyncio.gather(*(run_script("clients/file.py", FIXTURE, "--url", url, "--fast")
+                                          for _ in range(4)))
+    for run in runs:
+        assert_one_line_error(run, "overloaded")
 
 
 async def test_url_without_path_means_the_stream_endpoint(serve_test_server):

@@ -268,6 +268,7 @@ async def test_malformed_first_messages_get_an_error_and_a_close(serve_test_serv
             assert error["text"] == f"ERROR. {error['error']}" and error["wav_name"], (name, error)
             assert ws.close_code == close, (name, ws.close_code)
         assert error["text"].startswith("ERROR. Cannot decode the mp4 file")
+        assert error["text"].endswith("bytes): Format not recognised."), error  # libsndfile's reason, no object repr
         async with websockets.connect(funasr_url(url), subprotocols=["binary"]) as ws:
             await ws.send('{"mode": "2pass", "wav_format": "mp3"}')
             reply = json.loads(await ws.recv())
