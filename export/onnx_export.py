@@ -126,8 +126,11 @@ def write_model_dir(
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:  # the error would name the temporary directory, not the one asked for
+        raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
     try:
         steps = ["fp32"] + [p for p in precisions if p != "fp32"]
         with tqdm(total=len(steps), desc=f"export {out.name}", unit="graph", disable=None) as progress:

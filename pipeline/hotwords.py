@@ -3,6 +3,8 @@
     parse_hotwords(value)             ["word", {"text": "phrase", "boost": 2.0}, ...] -> tuple[Hotword, ...]
     parse_word_weights(text)          FunASR's '{"word": 20, ...}' (or "word weight" lines) -> tuple[Hotword, ...]
     read_hotwords_file(path, tokens)  one hotword a line, "phrase" or "phrase<TAB>boost" (a server-wide list)
+    read_model_hotwords(path, model)  that, for the model a server serves (ValueError for a Paraformer)
+    check_model_takes_hotwords(model) ProtocolError bad_start for a model without a CTC output (Paraformer)
     ContextGraph(hotwords, Speller(tokens))   spelled with the model's tokens; ProtocolError bad_start when
                                       one cannot be spelled
 
@@ -28,6 +30,7 @@ from typing import Any, Sequence
 
 from .decoding import SPECIAL_TOKENS, WORD_START, is_cjk
 from .errors import ProtocolError
+from .modeldir import ModelDirectory
 
 DEFAULT_BOOST = 1.5  # bonus per matched token (sherpa-onnx's default context score)
 MAX_BOOST = 10.0  # beyond this a hotword overrides clear acoustic evidence
@@ -35,6 +38,7 @@ MAX_HOTWORDS = 256  # per stream (the server-wide list counts separately)
 MAX_HOTWORD_CHARS = 64
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weights are ~10-40 for Paraformer: weight 20 -> boost 2.0
 FUNASR_DEFAULT_WEIGHT = 20.0  # a plain-text hotword line without a weight
+NO_CTC_ARCHITECTURES = ("paraformer",)  # models whose graphs give no per-frame log-probs to search
 
 
 @dataclass(frozen=True)
@@ -144,13 +148,19 @@ def _weight_lines(text: str) -> dict[str, float]:
     return weights
 
 
+def check_model_takes_hotwords(model: ModelDirectory) -> None:
+    """Hotwords bias a CTC beam search; a model without a CTC output (Paraformer) cannot take them."""
+    if model.manifest.architecture in NO_CTC_ARCHITECTURES:
+        raise _bad(f"hotwords need a CTC model (SenseVoice); this model is a {model.manifest.architecture.capitalize()}")
+
+
 def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword, ...]:
     """A server-wide list: one phrase a line, optionally a tab and its boost; blank lines and # comments
-    are skipped. ValueError (with the line number) on a bad line, an unreadable file or a phrase the
-    model (`tokens`) cannot spell."""
+    are skipped; UTF-8, with or without the byte-order mark Windows editors write. ValueError (with the
+    line number) on a bad line, an unreadable file or a phrase the model (`tokens`) cannot spell."""
     speller = Speller(tokens)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read hotwords file {path}: {exc}") from None
     words = []
@@ -159,11 +169,29 @@ def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword
             continue
         text, _, boost = line.partition("\t")
         try:
-            words.append(make_hotword(text, float(boost) if boost.strip() else DEFAULT_BOOST))
+            words.append(make_hotword(text, _number(boost) if boost.strip() else DEFAULT_BOOST))
             speller.spellings(words[-1])
         except (ProtocolError, ValueError) as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
     return merge_hotwords(words)
+
+
+def read_model_hotwords(path: str | Path, model: ModelDirectory) -> tuple[Hotword, ...]:
+    """read_hotwords_file for the model a server serves (--hotwords FILE): ValueError at startup for a model
+    that takes no hotwords, rather than a bad_start for every stream."""
+    try:
+        check_model_takes_hotwords(model)
+    except ProtocolError as exc:
+        raise ValueError(f"--hotwords {path}: {exc}; serve it without --hotwords") from None
+    return read_hotwords_file(path, model.tokens)
+
+
+def _number(text: str) -> float | str:
+    """A boost written in a file; text that is no number stays text, for make_hotword to refuse by name."""
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
 
 
 # ---- spelling ----------------------------------------------------------------------------------------
