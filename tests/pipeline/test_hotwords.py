@@ -118,6 +118,9 @@ def test_hotwords_file(tmp_path):
     path.write_text("save\nzebra\n", encoding="utf-8")
     with pytest.raises(ValueError, match=":2:.*zebra"):
         read_hotwords_file(path, TOKENS)
+    # as Windows Notepad saves it: a byte-order mark and CRLF line ends
+    path.write_bytes("\ufeffsave\r\nturn on the music\t2.5\r\n".encode("utf-8"))
+    assert read_hotwords_file(path, TOKENS) == (Hotword("save"), Hotword("turn on the music", 2.5))
 
 
 # ---- the search ------------------------------------------------------------------------------------------
