@@ -70,7 +70,10 @@ def quantize_int8(src: Path, dst: Path) -> None:
 def op_histogram(path: Path) -> dict[str, int]:
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError has no common base with OSError
+        raise ValueError(f"{path}: not a readable ONNX file ({type(exc).__name__}: {exc})") from None
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 

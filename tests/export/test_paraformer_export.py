@@ -132,6 +132,15 @@ def test_verify_container_shorter_than_test_audio(paraformer_model_dir: Path, ca
     assert code != 0 and lines == ["error: the container (20 s) is shorter than the 29 s test audio"]
 
 
+def test_verify_names_a_corrupt_graph(paraformer_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(paraformer_model_dir, broken)
+    (broken / "model.int8.onnx").write_bytes((broken / "model.int8.onnx").read_bytes()[:1000])  # a cut download
+    code, lines = fail(capsys, ["verify", str(broken), "--precision", "int8", "--lengths", "1"])
+    assert code == 1 and len(lines) == 1
+    assert lines[0].startswith(f"error: {broken / 'model.int8.onnx'}: not a readable ONNX file"), lines
+
+
 @pytest.mark.slow
 def test_random_init_tiny_exports_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "tiny"
