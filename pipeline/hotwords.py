@@ -106,15 +106,17 @@ def merge_hotwords(*lists: Sequence[Hotword]) -> tuple[Hotword, ...]:
 
 def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
     """FunASR's `hotwords`: a JSON object string '{"阿里巴巴": 20, "hello world": 40}' (its clients' format),
-    the object itself, or plain lines "phrase weight"; weight w becomes boost w / FUNASR_WEIGHT_PER_BOOST,
-    clamped to (0, MAX_BOOST]. A weight of 0 or below leaves the phrase out (FunASR ignores it too)."""
+    the object itself, or plain text (what its Python client sends as typed): lines "phrase weight", or
+    words separated by spaces or commas; weight w becomes boost w / FUNASR_WEIGHT_PER_BOOST, clamped to
+    (0, MAX_BOOST]. A weight of 0 or below leaves the phrase out (FunASR ignores it too)."""
     if value is None or value == "":
         return ()
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            parsed = json.loads(value)
         except ValueError:
-            value = _weight_lines(value)
+            parsed = None
+        value = parsed if isinstance(parsed, (dict, list)) else _weight_lines(value)  # "2024" is a word too
     if not isinstance(value, dict):
         raise _bad(f"hotwords must be a JSON object of word: weight, got {str(value)[:60]!r}")
     if len(value) > MAX_HOTWORDS:
@@ -134,17 +136,18 @@ def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
 
 
 def _weight_lines(text: str) -> dict[str, float]:
-    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files); a line without a weight gets FUNASR_DEFAULT_WEIGHT."""
+    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files); a line that ends in no weight is a list of
+    words, each with FUNASR_DEFAULT_WEIGHT: FunASR's server splits such text on spaces ('阿里巴巴 达摩院'),
+    and its newer Python client joins a file's words with commas ('阿里巴巴,达摩院')."""
     weights: dict[str, float] = {}
     for line in text.splitlines():
         parts = line.split()
-        if not parts:
+        weight = _number(parts[-1]) if len(parts) > 1 else None
+        if isinstance(weight, float):
+            weights[" ".join(parts[:-1])] = weight
             continue
-        try:
-            weight = float(parts[-1]) if len(parts) > 1 else FUNASR_DEFAULT_WEIGHT
-            weights[" ".join(parts[:-1]) if len(parts) > 1 else parts[0]] = weight
-        except ValueError:  # the last word is part of the phrase
-            weights[" ".join(parts)] = FUNASR_DEFAULT_WEIGHT
+        for word in line.replace(",", " ").split():
+            weights[word] = FUNASR_DEFAULT_WEIGHT
     return weights
 
 

@@ -117,6 +117,7 @@ async def test_funasr_hotwords(serve_test_server, blend):
             # FunASR's format; a word the model cannot spell is skipped, as FunASR does
             assert await transcribe(ws, json.dumps({"save": 20, "阿里巴巴": 30})) == "save message"
             assert await transcribe(ws, json.dumps({"send": 20})) == "send message"
+            assert await transcribe(ws, "zebra,send") == "send message"  # plain text, as typed
         async with websockets.connect(port, subprotocols=["binary"]) as ws:
             await ws.send(json.dumps({"mode": "offline", "hotwords": json.dumps({"save": "high"})}))
             error = json.loads(await ws.recv())
