@@ -18,9 +18,11 @@ def hotword_argument(value: str) -> dict[str, Any]:
     """"turn on:2.5" -> {"text": "turn on", "boost": 2.5}; "save" gets the default boost."""
     text, _, boost = value.rpartition(":")
     try:
-        word = make_hotword(text, float(boost)) if text else make_hotword(value)
+        number = float(boost)
     except ValueError:  # a colon that does not precede a number belongs to the phrase
-        word = make_hotword(value)
+        text = ""
+    try:
+        word = make_hotword(text, number) if text else make_hotword(value)
     except ProtocolError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return {"text": word.text, "boost": word.boost}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import statistics
 import time
@@ -132,15 +133,19 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.hotwords import DEFAULT_BOOST, make_hotword
 
     words = tuple(w.strip() for w in args.hotwords.split(",") if w.strip())
-    if not words or args.utterances < 1:
-        raise ValueError("give at least one hotword and one utterance")
+    if not words or args.utterances < 1 or args.repeats < 1:
+        raise ValueError("give at least one hotword, one utterance and one timing run (--repeats)")
+    if not math.isfinite(args.snr):
+        raise ValueError(f"--snr must be a finite number of dB, got {args.snr}")
+    boost = DEFAULT_BOOST if args.boost is None else args.boost
+    hotwords = tuple(make_hotword(w, boost) for w in words)  # a bad boost fails here, before the minutes of work
     engine = Engine(args.model_dir, EngineOptions(device="cpu", precision=args.precision)).load()
-    graph = engine.hotword_graph(tuple(make_hotword(w, args.boost or DEFAULT_BOOST) for w in words))
+    graph = engine.hotword_graph(hotwords)
     hot = tuple(w.text for w in graph.hotwords)
     rng = np.random.default_rng(args.seed)
     biased = synth_set(make_texts(rng, args.utterances, hot, True), args.seed, args.snr)
     control = synth_set(make_texts(rng, args.utterances, hot, False), args.seed + 1, None)
-    results = {"hotwords": hot, "boost": args.boost or DEFAULT_BOOST, "precision": args.precision, "snr_db": args.snr}
+    results = {"hotwords": hot, "boost": boost, "precision": args.precision, "snr_db": args.snr}
     for name, items in (("biased", biased), ("control", control)):
         for mode, g in (("greedy", None), ("hotwords", graph)):
             r = results[f"{name}_{mode}"] = score(engine, items, g, hot)

@@ -70,7 +70,10 @@ def quantize_int8(src: Path, dst: Path) -> None:
 def op_histogram(path: Path) -> dict[str, int]:
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError has no common base with OSError
+        raise ValueError(f"{path}: not a readable ONNX file ({type(exc).__name__}: {exc})") from None
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 
@@ -126,8 +129,11 @@ def write_model_dir(
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:  # the error would name the temporary directory, not the one asked for
+        raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
     try:
         steps = ["fp32"] + [p for p in precisions if p != "fp32"]
         with tqdm(total=len(steps), desc=f"export {out.name}", unit="graph", disable=None) as progress:

@@ -25,6 +25,7 @@ SUPPORTED = {"model": "Paraformer", "encoder": "SANMEncoder", "predictor": "CifP
              "decoder": "ParaformerSANMDecoder"}
 # What the in-graph frontend computes (models/frontend.py); a config asking for anything else is refused.
 FRONTEND = {"fs": 16000, "window": "hamming", "n_mels": 80, "frame_length": 25, "frame_shift": 10, "lfr_m": 7, "lfr_n": 6}
+RELEASE = "ModelScope's iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch"
 SYNTHETIC_WORDS = ("open", "the", "window", "please", "now", "hel@@", "lo")
 
 
@@ -66,8 +67,9 @@ def read_config(directory: Path) -> dict:
     wrong = {k: v for k, v in described.items() if v != SUPPORTED[k]}
     if wrong:
         found = ", ".join(f"{k} {v}" for k, v in wrong.items())
-        raise ValueError(f"{path} describes {found}: only Paraformer with SANMEncoder, CifPredictorV2 and "
-                         "ParaformerSANMDecoder (paraformer-large, paraformer-zh) is supported")
+        raise ValueError(f"{path} describes {found}: only the plain Paraformer-large (Paraformer with SANMEncoder, "
+                         f"CifPredictorV2 and ParaformerSANMDecoder: {RELEASE}) is supported, not its SeACo, BiCif "
+                         "or contextual variants (FunASR's `paraformer-zh` alias downloads SeACo-Paraformer)")
     frontend = config.get("frontend_conf") or {}
     mismatched = [f"{k} {frontend[k]!r} (expected {v!r})" for k, v in FRONTEND.items() if k in frontend and frontend[k] != v]
     if mismatched:

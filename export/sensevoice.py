@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import PRECISIONS, ModelManifest
 
-from .onnx_export import OPSET, tag_token_ids, write_model_dir
+from .onnx_export import MAX_EXPORT_SAMPLES, OPSET, tag_token_ids, write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,9 @@ def run_export(args: argparse.Namespace, family: str, checkpoint_name: str, expo
     """The `python -m export <family>` command of every model family: a released checkpoint or seeded random
     weights (`--random-init`, which get RANDOM_INIT_NOTICE) into a new model directory."""
     precisions = parse_precisions(args.precision)
+    if not 0 < args.container <= MAX_EXPORT_SAMPLES / SAMPLE_RATE:  # also refuses nan
+        raise ValueError(f"--container {args.container:g}: give a length in seconds, more than 0 and at most "
+                         f"{MAX_EXPORT_SAMPLES / SAMPLE_RATE:g}")
     if args.out.exists():
         raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
     if args.checkpoint is not None:

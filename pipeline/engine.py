@@ -41,7 +41,7 @@ from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_s
 from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
-from .hotwords import ContextGraph, Hotword, Speller
+from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .providers import (DEVICES, PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure,
@@ -355,8 +355,8 @@ class Engine:
     def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
         """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
         or the model has no CTC output to search (Paraformer)."""
-        if hotwords and self.model.manifest.architecture == "paraformer":
-            raise ProtocolError("hotwords need a CTC model (SenseVoice); this model is a Paraformer", code="bad_start")
+        if hotwords:
+            check_model_takes_hotwords(self.model)
         self._speller = self._speller or Speller(self.model.tokens)
         return ContextGraph(hotwords, self._speller) if hotwords else None
 

@@ -3,6 +3,8 @@
     parse_hotwords(value)             ["word", {"text": "phrase", "boost": 2.0}, ...] -> tuple[Hotword, ...]
     parse_word_weights(text)          FunASR's '{"word": 20, ...}' (or "word weight" lines) -> tuple[Hotword, ...]
     read_hotwords_file(path, tokens)  one hotword a line, "phrase" or "phrase<TAB>boost" (a server-wide list)
+    read_model_hotwords(path, model)  that, for the model a server serves (ValueError for a Paraformer)
+    check_model_takes_hotwords(model) ProtocolError bad_start for a model without a CTC output (Paraformer)
     ContextGraph(hotwords, Speller(tokens))   spelled with the model's tokens; ProtocolError bad_start when
                                       one cannot be spelled
 
@@ -29,6 +31,7 @@ from typing import Any, Sequence
 
 from .decoding import SPECIAL_TOKENS, WORD_START, is_cjk
 from .errors import ProtocolError
+from .modeldir import ModelDirectory
 
 DEFAULT_BOOST = 1.5  # bonus per matched token (sherpa-onnx's default context score)
 MAX_BOOST = 10.0  # beyond this a hotword overrides clear acoustic evidence
@@ -36,6 +39,7 @@ MAX_HOTWORDS = 256  # per stream (the server-wide list counts separately)
 MAX_HOTWORD_CHARS = 64
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weights are ~10-40 for Paraformer: weight 20 -> boost 2.0
 FUNASR_DEFAULT_WEIGHT = 20.0  # a plain-text hotword line without a weight
+NO_CTC_ARCHITECTURES = ("paraformer",)  # models whose graphs give no per-frame log-probs to search
 
 
 @dataclass(frozen=True)
@@ -103,15 +107,17 @@ def merge_hotwords(*lists: Sequence[Hotword]) -> tuple[Hotword, ...]:
 
 def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
     """FunASR's `hotwords`: a JSON object string '{"阿里巴巴": 20, "hello world": 40}' (its clients' format),
-    the object itself, or plain lines "phrase weight"; weight w becomes boost w / FUNASR_WEIGHT_PER_BOOST,
-    clamped to (0, MAX_BOOST]. A weight of 0 or below leaves the phrase out (FunASR ignores it too)."""
+    the object itself, or plain text (what its Python client sends as typed): lines "phrase weight", or
+    words separated by spaces or commas; weight w becomes boost w / FUNASR_WEIGHT_PER_BOOST, clamped to
+    (0, MAX_BOOST]. A weight of 0 or below leaves the phrase out (FunASR ignores it too)."""
     if value is None or value == "":
         return ()
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            parsed = json.loads(value)
         except ValueError:
-            value = _weight_lines(value)
+            parsed = None
+        value = parsed if isinstance(parsed, (dict, list)) else _weight_lines(value)  # "2024" is a word too
     if not isinstance(value, dict):
         raise _bad(f"hotwords must be a JSON object of word: weight, got {str(value)[:60]!r}")
     if len(value) > MAX_HOTWORDS:
@@ -131,32 +137,34 @@ def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
 
 
 def _weight_lines(text: str) -> dict[str, float]:
-    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files: a phrase, then its weight). A line that does not
-    end in a weight is words separated by spaces or commas, each a hotword of FUNASR_DEFAULT_WEIGHT: what
-    FunASR's Python client sends from `--hotword "阿里巴巴 达摩院"` (or "w1,w2"), and how its servers split it."""
+    """'阿里巴巴 20\nhello world 40' (FunASR's hotword files); a line that ends in no weight is a list of
+    words, each with FUNASR_DEFAULT_WEIGHT: FunASR's server splits such text on spaces ('阿里巴巴 达摩院'),
+    and its newer Python client joins a file's words with commas ('阿里巴巴,达摩院')."""
     weights: dict[str, float] = {}
     for line in text.splitlines():
         parts = line.split()
-        if not parts:
+        weight = _number(parts[-1]) if len(parts) > 1 else None
+        if isinstance(weight, float):
+            weights[" ".join(parts[:-1])] = weight
             continue
-        try:
-            if len(parts) > 1:
-                weights[" ".join(parts[:-1])] = float(parts[-1])
-                continue
-        except ValueError:
-            pass
-        for word in filter(None, re.split(r"[\s,，]+", line)):
+        for word in filter(None, re.split(r"[\s,，]+", line)):  # ASCII or full-width commas
             weights.setdefault(word, FUNASR_DEFAULT_WEIGHT)
     return weights
 
 
+def check_model_takes_hotwords(model: ModelDirectory) -> None:
+    """Hotwords bias a CTC beam search; a model without a CTC output (Paraformer) cannot take them."""
+    if model.manifest.architecture in NO_CTC_ARCHITECTURES:
+        raise _bad(f"hotwords need a CTC model (SenseVoice); this model is a {model.manifest.architecture.capitalize()}")
+
+
 def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword, ...]:
     """A server-wide list: one phrase a line, optionally a tab and its boost; blank lines and # comments
-    are skipped. ValueError (with the line number) on a bad line, an unreadable file or a phrase the
-    model (`tokens`) cannot spell."""
+    are skipped; UTF-8, with or without the byte-order mark Windows editors write. ValueError (with the
+    line number) on a bad line, an unreadable file or a phrase the model (`tokens`) cannot spell."""
     speller = Speller(tokens)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read hotwords file {path}: {exc}") from None
     words = []
@@ -165,11 +173,29 @@ def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword
             continue
         text, _, boost = line.partition("\t")
         try:
-            words.append(make_hotword(text, float(boost) if boost.strip() else DEFAULT_BOOST))
+            words.append(make_hotword(text, _number(boost) if boost.strip() else DEFAULT_BOOST))
             speller.spellings(words[-1])
         except (ProtocolError, ValueError) as exc:
             raise ValueError(f"{path}:{number}: {exc}") from None
     return merge_hotwords(words)
+
+
+def read_model_hotwords(path: str | Path, model: ModelDirectory) -> tuple[Hotword, ...]:
+    """read_hotwords_file for the model a server serves (--hotwords FILE): ValueError at startup for a model
+    that takes no hotwords, rather than a bad_start for every stream."""
+    try:
+        check_model_takes_hotwords(model)
+    except ProtocolError as exc:
+        raise ValueError(f"--hotwords {path}: {exc}; serve it without --hotwords") from None
+    return read_hotwords_file(path, model.tokens)
+
+
+def _number(text: str) -> float | str:
+    """A boost written in a file; text that is no number stays text, for make_hotword to refuse by name."""
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
 
 
 # ---- spelling ----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline.batching import parse_batch_sizes
 from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
-from pipeline.hotwords import read_hotwords_file
+from pipeline.hotwords import read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
         model = read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
         if config.hotwords:
-            read_hotwords_file(config.hotwords, model.tokens)
+            read_model_hotwords(config.hotwords, model)
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

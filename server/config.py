@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.batching import validate_batch_sizes
 from pipeline.engine import PRECISION_CHOICES
 from pipeline.providers import resolve_device
-from pipeline.shapes import ShapePolicy
+from pipeline.shapes import ShapePolicy, format_containers
 from pipeline.segmenter import SegmenterOptions, validate_options
 
 from .protocol import DEFAULT_PORT
@@ -99,6 +99,9 @@ def validate_config(config: ServerConfig) -> ServerConfig:
             ShapePolicy(config.containers)
         except ValueError as exc:
             raise ValueError(f"--containers: {exc}") from None
+        longest = _SEGMENTER.max_segment_seconds  # else every longer utterance would fail its inference
+        check(max(config.containers) >= longest, f"--containers: the largest must hold a whole segment "
+              f"({longest:g} s of audio), got {format_containers(config.containers)}")
     check(config.threads >= 0, f"--threads must be >= 0, got {config.threads}")
     if config.batch_sizes is not None:
         try:

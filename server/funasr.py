@@ -173,6 +173,8 @@ class FunasrConnection(StreamConnection):
         return False
 
     def _begin_input(self, config: FunasrConfig) -> None:
+        if not self.app.model.manifest.prompt_frames:  # no SenseVoice prompt (a Paraformer): no tags to write
+            config = dataclasses.replace(config, tags=False)
         self.config = config
         if not config.pcm and config.reply_mode != "offline":
             raise ProtocolError(REALTIME_PCM_ONLY, code="unsupported_audio", wav_format=config.wav_format)

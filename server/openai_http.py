@@ -277,5 +277,5 @@ class FileTranscription:
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,
-                                   deliver=deliver, language=language))
+                                   deliver=deliver, language=language, hotwords=self.app.server_hotword_graph))
         return future

@@ -255,7 +255,7 @@ class RealtimeConnection(StreamConnection):
         return error_event(message, code, kind="server_error" if code == "internal_error" else "invalid_request_error")
 
     def _job_options(self) -> dict[str, Any]:
-        return {"deliver": self._on_result, "language": self.config.language}
+        return {"deliver": self._on_result, "language": self.config.language, "hotwords": self.app.server_hotword_graph}
 
     def _partial_item(self, job: Job, transcript: Any) -> _Partial:
         return _Partial(job.segment, transcript.text)

@@ -21,7 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import OverloadError
-from pipeline.hotwords import Hotword, merge_hotwords, read_hotwords_file
+from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
@@ -87,7 +87,7 @@ class Server:
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
         self.model_name = self.model.manifest.name
         # The server-wide hotwords (--hotwords FILE), added to every stream's own; ValueError when bad.
-        self.hotwords = read_hotwords_file(config.hotwords, self.model.tokens) if config.hotwords else ()
+        self.hotwords = read_model_hotwords(config.hotwords, self.model) if config.hotwords else ()
         self.worker: Worker | None = None
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
@@ -116,6 +116,11 @@ class Server:
         """A stream's ContextGraph: the server's hotwords and its own (None: none, greedy decoding)."""
         merged = merge_hotwords(self.hotwords, words)
         return self.engine.hotword_graph(merged) if merged else None
+
+    @functools.cached_property
+    def server_hotword_graph(self) -> Any:
+        """The server's hotwords alone, built once: for the OpenAI endpoints, whose requests bring none."""
+        return self.hotword_graph(())
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         """/readyz: 503 while warming up, shutting down or full; else 200. Always JSON."""

@@ -25,6 +25,16 @@
     box.replaceChildren(...parts);
     box.dataset.notice = info.notice ? "yes" : "no";
     box.hidden = false;
+    offerLanguages(document.getElementById("language"), info.languages);
+  }
+
+  // Only the languages this model knows (a Paraformer: Mandarin and English), so none ends in bad_start.
+  function offerLanguages(select, languages) {
+    if (!select || !Array.isArray(languages) || !languages.length) return;
+    for (const option of select.options) {
+      option.disabled = option.hidden = option.value !== "auto" && !languages.includes(option.value);
+    }
+    if (select.selectedOptions[0]?.disabled) select.value = "auto";
   }
 
   (async () => {

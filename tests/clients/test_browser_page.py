@@ -173,3 +173,20 @@ async def test_resampler_is_band_limited(browser):
         assert abs(length - SAMPLE_RATE) < 64 and abs(level - 0.5 / np.sqrt(2)) < 0.005, (key, measured[key])
     for key in ("stop48", "stop44"):
         assert measured[key][1] < 0.5 / np.sqrt(2) * 1e-3, (key, measured[key])  # below -60 dB
+
+
+async def test_page_offers_only_the_models_languages(serve_test_server, browser, paraformer_model_dir):
+    """A Paraformer knows Mandarin and English: the page offers no language the server would refuse, and a
+    stream from it runs (the microphone's speech through the Paraformer path, its text noise)."""
+    async with serve_test_server(paraformer_model_dir, partial_interval=0.0) as url:
+        page = await browser.new_page()
+        await page.goto(url.http + "/")
+        await check_model_notice(page, paraformer_model_dir)
+        offered = await page.eval_on_selector_all("#language option", "os => os.filter(o => !o.disabled).map(o => o.value)")
+        assert offered == ["auto", "en", "zh"], offered
+        await page.select_option("#language", "zh")
+        await page.get_by_role("button", name="Start").click()
+        await page.wait_for_function("window.unipad.stats.finals >= 1", timeout=WAIT_MS)
+        await page.get_by_role("button", name="Stop").click()
+        await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
+        assert await page.locator("#errors .error").count() == 0

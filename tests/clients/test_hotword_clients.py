@@ -30,5 +30,7 @@ async def test_library_and_file_client_send_hotwords(serve_test_server):
         assert_one_line_error(run, "bad_start", "zebra")  # the server spells hotwords with its model
     run = await run_script("clients/file.py", str(BLEND), "--hotword", "save:99")
     assert run.returncode == 2 and "boost" in run.stderr  # refused before connecting
+    run = await run_script("clients/file.py", str(BLEND), "--hotword", "note: " + "long " * 14)
+    assert run.returncode == 2 and "characters long" in run.stderr and "Traceback" not in run.stderr
     with pytest.raises(ProtocolError):
         connect(url, hotwords=[{"text": "save", "boost": "high"}])

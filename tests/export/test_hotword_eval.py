@@ -46,3 +46,15 @@ def test_help_is_instant():
     with pytest.raises(SystemExit) as exit_:
         main(["eval-hotwords", "--help"])
     assert exit_.value.code == 0
+
+
+def test_bad_arguments_fail_at_once_in_one_line(capsys):
+    """Before loading the model or synthesising minutes of speech; the zero boost used to run as the default."""
+    from export.__main__ import main
+
+    for flags, message in ((["--boost", "0"], "hotword boost must be a number in (0, 10], got 0.0 for 'oh'"),
+                           (["--repeats", "0"], "one timing run (--repeats)"),
+                           (["--snr", "nan"], "--snr must be a finite number of dB, got nan")):
+        assert main(["eval-hotwords", str(DEMO), "--utterances", "1", *flags]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

@@ -87,6 +87,28 @@ def test_another_architecture_is_refused(tmp_path: Path, capsys: pytest.CaptureF
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
+def test_seaco_paraformer_is_refused_naming_the_release(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """FunASR's `paraformer-zh` alias downloads SeACo-Paraformer: the refusal says what to export instead."""
+    source = released_copy(tmp_path)
+    config = yaml.safe_load((source / "config.yaml").read_text(encoding="utf-8"))
+    (source / "config.yaml").write_text(yaml.safe_dump(config | {"model": "SeacoParaformer"}), encoding="utf-8")
+    code, lines = fail(capsys, ["paraformer", "--checkpoint", str(source), "--out", str(tmp_path / "out")])
+    assert code == 1 and len(lines) == 1 and "describes model SeacoParaformer" in lines[0]
+    assert "speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch" in lines[0]
+
+
+def test_bad_container_or_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for container in ("-1", "0", "nan", "601"):
+        code, lines = fail(capsys, ["paraformer", "--checkpoint", str(FIXTURE), "--out", str(tmp_path / "out"),
+                                    "--container", container])
+        assert code == 1 and lines == [f"error: --container {float(container):g}: give a length in seconds, "
+                                       "more than 0 and at most 600"], container
+    out = Path("/proc/unipad-test/out")  # cannot be created, even by root
+    code, lines = fail(capsys, ["paraformer", "--checkpoint", str(FIXTURE), "--out", str(out)])
+    assert code == 1 and lines == [f"error: cannot create {out}: No such file or directory"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_sensevoice_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     source = released_copy(tmp_path)
     shutil.copy(FIXTURE.parent / "parity" / "model.pt", source / "model.pt")
@@ -108,6 +130,15 @@ def test_missing_or_wrong_tokens(tmp_path: Path, capsys: pytest.CaptureFixture) 
 def test_verify_container_shorter_than_test_audio(paraformer_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     code, lines = fail(capsys, ["verify", str(paraformer_model_dir), "--container", "20"])
     assert code != 0 and lines == ["error: the container (20 s) is shorter than the 29 s test audio"]
+
+
+def test_verify_names_a_corrupt_graph(paraformer_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(paraformer_model_dir, broken)
+    (broken / "model.int8.onnx").write_bytes((broken / "model.int8.onnx").read_bytes()[:1000])  # a cut download
+    code, lines = fail(capsys, ["verify", str(broken), "--precision", "int8", "--lengths", "1"])
+    assert code == 1 and len(lines) == 1
+    assert lines[0].startswith(f"error: {broken / 'model.int8.onnx'}: not a readable ONNX file"), lines
 
 
 @pytest.mark.slow

@@ -106,9 +106,11 @@ def test_funasr_word_weights():
         Hotword("阿里巴巴", 2.0), Hotword("hello world", 4.0))
     assert parse_word_weights("save 30\nturn on 15\n") == (Hotword("save", 3.0), Hotword("turn on", 1.5))
     assert parse_word_weights('{"save": 1000}') == (Hotword("save", 10.0),)
-    # FunASR's Python client sends --hotword as typed: words separated by spaces (or commas), no weights
-    assert parse_word_weights("阿里巴巴 达摩院") == parse_word_weights("阿里巴巴,达摩院") == (
-        Hotword("阿里巴巴", 2.0), Hotword("达摩院", 2.0))
+    # plain text as FunASR's Python client passes it on: a word list, split on spaces (FunASR's server does)
+    # or commas (its newer client joins a file's words so); a bare number is a word, not a JSON value
+    both = (Hotword("阿里巴巴", 2.0), Hotword("达摩院", 2.0))
+    assert parse_word_weights("阿里巴巴 达摩院") == parse_word_weights("阿里巴巴,达摩院") == both
+    assert parse_word_weights("2024") == (Hotword("2024", 2.0),)
     for bad in ('{"save": "x"}', '["save"]', '{"save": null}'):
         with pytest.raises(ProtocolError):
             parse_word_weights(bad)
@@ -121,6 +123,9 @@ def test_hotwords_file(tmp_path):
     path.write_text("save\nzebra\n", encoding="utf-8")
     with pytest.raises(ValueError, match=":2:.*zebra"):
         read_hotwords_file(path, TOKENS)
+    # as Windows Notepad saves it: a byte-order mark and CRLF line ends
+    path.write_bytes("\ufeffsave\r\nturn on the music\t2.5\r\n".encode("utf-8"))
+    assert read_hotwords_file(path, TOKENS) == (Hotword("save"), Hotword("turn on the music", 2.5))
 
 
 # ---- the search ------------------------------------------------------------------------------------------

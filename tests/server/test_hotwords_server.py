@@ -3,11 +3,16 @@ port (its word-weight JSON), and every bad value refused with bad_start. The aud
 save/send blend (tests/fixtures/make_hotword_fixture.py), where greedy decoding may hear either word."""
 from __future__ import annotations
 
+import asyncio
+import base64
+import io
 import json
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
+import soundfile
 import websockets
 
 from pipeline.audio import SAMPLE_RATE, load_audio
@@ -50,6 +55,27 @@ async def test_stream_and_server_hotwords(serve_test_server, blend, tmp_path):
         assert await final_texts(url, blend) == ["save message"]  # the server's list alone
         # a stream's own boost for a word of the server's list replaces the server's
         assert await final_texts(url, blend, hotwords=[{"text": "send", "boost": 3}]) == ["send message"]
+    hotwords.write_text(f"{other}\n", encoding="utf-8")
+    async with serve_test_server(DEMO_MODEL, hotwords=hotwords, partial_interval=0.0) as url:
+        # the server's list applies to the OpenAI endpoints too, whose requests bring no hotwords
+        assert await openai_texts(url, blend) == [f"{other} message"] * 2
+
+
+async def openai_texts(url, audio: np.ndarray) -> list[str]:
+    """The transcript of `audio` by an OpenAI file upload (the SDK) and by a Realtime session (server VAD)."""
+    wav = io.BytesIO()
+    soundfile.write(wav, audio, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    client = openai.AsyncOpenAI(base_url=f"{url.http}/v1", api_key="unused", max_retries=0)
+    upload = await client.audio.transcriptions.create(model="any", file=("blend.wav", wav.getvalue()))
+    uri = f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription"
+    async with websockets.connect(uri, subprotocols=["realtime"]) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": SAMPLE_RATE}}}}}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(audio)).decode()}))
+        while (event := json.loads(await asyncio.wait_for(ws.recv(), 30)))["type"] != \
+                "conversation.item.input_audio_transcription.completed":
+            assert event["type"] != "error", event
+    return [upload.text, event["transcript"]]
 
 
 BAD_HOTWORDS = {
@@ -94,6 +120,7 @@ async def test_funasr_hotwords(serve_test_server, blend):
             # FunASR's Python client's `--hotword "w1 w2"`: the words as typed, each a hotword
             assert await transcribe(ws, "阿里巴巴 save") == "save message"
             assert await transcribe(ws, "阿里巴巴,send") == "send message"
+            assert await transcribe(ws, "zebra,send") == "send message"  # plain text, as typed
         async with websockets.connect(port, subprotocols=["binary"]) as ws:
             await ws.send(json.dumps({"mode": "offline", "hotwords": json.dumps({"save": "high"})}))
             error = json.loads(await ws.recv())
@@ -106,3 +133,18 @@ def test_cli_refuses_a_bad_hotwords_file(tmp_path, capsys):
     assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2
     assert "hotwords.txt:2" in capsys.readouterr().err
     assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(tmp_path / "missing.txt")]) == 2
+    path.write_text("save\t-2\n", encoding="utf-8")
+    assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2
+    assert "hotwords.txt:1: hotword boost must be a number in (0, 10], got -2.0 for 'save'" in capsys.readouterr().err
+    path.write_text("save\tloud\n", encoding="utf-8")
+    assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2
+    assert "hotwords.txt:1: hotword boost must be a number in (0, 10], got 'loud' for 'save'" in capsys.readouterr().err
+
+
+def test_cli_refuses_hotwords_for_a_paraformer(paraformer_model_dir, tmp_path, capsys):
+    """A Paraformer has no CTC output to bias: --hotwords stops it at startup, not every stream later."""
+    path = tmp_path / "hotwords.txt"
+    path.write_text("的\n", encoding="utf-8")  # a word its vocabulary can spell
+    assert cli_main(["--model", str(paraformer_model_dir), "--hotwords", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"unipad: error: --hotwords {path}: hotwords need a CTC model "
+                                               "(SenseVoice); this model is a Paraformer; serve it without --hotwords")

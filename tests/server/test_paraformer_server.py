@@ -53,3 +53,31 @@ def test_hotwords_are_refused_with_a_reason(paraformer_model_dir):
     with pytest.raises(ProtocolError, match="hotwords need a CTC model") as caught:
         engine.hotword_graph(parse_hotwords(["now"]))
     assert caught.value.code == "bad_start"
+
+
+async def test_funasr_port_gives_untagged_text_and_word_times(paraformer_model_dir, speech):
+    """FunASR's C++ clients always send svs_itn, which asks a SenseVoice for its tags; a Paraformer has none,
+    so its text comes plain, with one [start, end] pair per word (a character in Chinese)."""
+    import asyncio
+
+    import websockets
+
+    from pipeline.audio import SAMPLE_RATE
+    from server_testkit import pcm16
+
+    async with serve_test_server(paraformer_model_dir, funasr_port=0) as url:
+        async with websockets.connect(f"ws://127.0.0.1:{url.server.funasr_port}/", subprotocols=["binary"]) as ws:
+            await ws.send(json.dumps({"mode": "offline", "wav_name": "speech", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
+                                      "is_speaking": True, "itn": True, "svs_lang": "auto", "svs_itn": True}))
+            await ws.send(pcm16(speech.audio))
+            await ws.send(json.dumps({"is_speaking": False}))
+            results: list[dict] = []
+            while not results or not results[-1]["is_final"]:
+                results.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+    texts = [m["text"] for m in results if m["text"]]
+    assert texts and not any("<|" in t for t in texts), texts
+    for message in results:
+        if message["text"]:
+            times = json.loads(message["timestamp"])
+            assert len(times) == len([w for s in message["stamp_sents"] for w in s["ts_list"]]) > 0
+            assert all(a <= b for a, b in times) and times == sorted(times)
