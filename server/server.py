@@ -168,7 +168,6 @@ class Server:
         self.worker = Worker(self.engine, loop, self.metrics,
                              max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT)
         self.worker.ready.add_done_callback(self._on_ready)
-        self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
         server = await serve(
             self._handle,
             self.config.host,
@@ -186,6 +185,9 @@ class Server:
         log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())
+        # Only once the ports are bound: a taken port then ends the process with no thread inside ONNX Runtime
+        # (exiting while one loads a model aborts the process: "terminate called without an active exception").
+        self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
         self.listening.set()
 
     async def _start_funasr(self) -> Any:
