@@ -206,7 +206,7 @@ class Server:
         return context
 
     def _on_ready(self, future: asyncio.Future[None]) -> None:
-        if future.cancelled():
+        if future.cancelled() or self.stopped.is_set():  # a load that ended after shutdown: nothing to say
             return
         if future.exception() is not None:
             log.error("could not load the model: %s", future.exception())

@@ -91,6 +91,27 @@ async def test_taken_port_fails_before_the_model_starts_loading(test_model_dir):
     assert not engine.load_began.is_set()
 
 
+async def test_ctrl_c_during_a_long_warm_up_exits_cleanly(test_model_dir):
+    # Shutdown waits 5 s for the worker; a load still running after that used to abort the process at exit
+    # (exit 134, "terminate called without an active exception"). 31 long containers warm for longer than 5 s.
+    ladder = ",".join(str(seconds) for seconds in range(30, 61))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server", "--model", str(test_model_dir), "--port", "0", "--threads", "1",
+        "--containers", ladder, cwd=ROOT, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await read_log_until(proc.stderr, r"warmed batch")
+        proc.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(proc.stderr.read(), 60)).decode()
+        assert await proc.wait() == 0, rest
+        assert "terminate called" not in rest and "ready:" not in rest
+        assert rest.rstrip().endswith("stopped")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def test_second_shutdown_request_skips_the_drain(serve_test_server, speech):
     running, release = threading.Event(), threading.Event()
 
