@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.catalog import HUBS, MODELS, download_path, lookup, model_path, pull_command
-from pipeline.modeldir import MANIFEST_FILE
+from pipeline.errors import ModelLoadError
+from pipeline.modeldir import MANIFEST_FILE, read_model_directory
 
 from .hub import HubError, fetch_files, hf_endpoint
 from .sensevoice import parse_precisions
@@ -49,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or model_path(entry.name)
     serve = f"python -m server --model {entry.name if args.out is None else out}"
     if (out / MANIFEST_FILE).is_file() and not args.force:
+        try:
+            read_model_directory(out)
+        except ModelLoadError as exc:  # a file deleted or damaged since: "already there, serve it" would mislead
+            raise ModelLoadError(f"{out} is damaged ({exc}); --force exports it again") from None
         print(f"{entry.name} is already in {out} (--force exports it again)\nserve it: {serve}")
         return 0
     if out.exists() and not args.force:
