@@ -26,7 +26,7 @@ from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
 from .access import AuthFailures, install_redaction
-from .config import ServerConfig, segmenter_options
+from .config import ServerConfig, segmenter_options, tls_context
 from .connection import Connection
 from .http import process_request
 from .logs import quiet_requests
@@ -199,11 +199,7 @@ class Server:
         return await funasr.start(self, self.config.host, self.config.funasr_port, self._ssl_context())
 
     def _ssl_context(self) -> ssl.SSLContext | None:
-        if self.config.certfile is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.config.certfile, self.config.keyfile)
-        return context
+        return tls_context(self.config)
 
     def _on_ready(self, future: asyncio.Future[None]) -> None:
         if future.cancelled() or self.stopped.is_set():  # a load that ended after shutdown: nothing to say

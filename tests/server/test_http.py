@@ -136,6 +136,7 @@ async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
     (["--end-silence", "0.01"], "--end-silence"),
     (["--device", "tpu"], "--device"),
     (["--certfile", "/nonexistent.pem", "--keyfile", "/nonexistent.key"], "--certfile"),
+    (["--certfile", __file__, "--keyfile", __file__], "cannot load them as a PEM certificate"),  # was "[SSL] PEM lib"
 ])
 def test_cli_bad_flags_exit_2_in_one_line(argv, message, test_model_dir, capsys):
     from server.cli import main
