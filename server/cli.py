@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         server = Server(config)
         code = asyncio.run(server.serve())
     except OSError as exc:  # e.g. the port is taken
-        print(f"unipad: error: {exc}", file=sys.stderr)
+        if config.log_format == "json":  # every stderr line stays one JSON object for the log collector
+            logging.getLogger("server.cli").error("unipad: error: %s", exc)
+        else:
+            print(f"unipad: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

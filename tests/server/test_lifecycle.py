@@ -58,16 +58,18 @@ async def test_sigterm_finishes_open_segments_then_exits_0(test_model_dir, speec
             await proc.wait()
 
 
-def test_taken_port_is_one_error_line_and_exit_1(test_model_dir):
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_taken_port_is_one_error_line_and_exit_1(test_model_dir, log_format):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        done = subprocess.run([sys.executable, "-m", "server", "--model", str(test_model_dir),
-                               "--port", str(taken.getsockname()[1])],
+        done = subprocess.run([sys.executable, "-m", "server", "--model", str(test_model_dir), "--log-format",
+                               log_format, "--port", str(taken.getsockname()[1])],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("unipad: error: ") and "address already in use" in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+    line = json.loads(done.stderr)["message"] if log_format == "json" else done.stderr  # json: was plain text
+    assert line.startswith("unipad: error: ") and "address already in use" in line
 
 
 class LoadRecordingEngine(Engine):
