@@ -88,6 +88,7 @@ async def test_page_transcribes_the_microphone(serve_test_server, browser, speec
         page = await browser.new_page()
         page_errors: list[str] = []
         page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.on("console", lambda m: page_errors.append(m.text) if m.type == "error" else None)  # e.g. a 404
         await page.goto(url.http + "/")
         assert await page.title() == "Unipad ASR"
         notice = await check_model_notice(page, test_model_dir)
