@@ -22,7 +22,7 @@ from pipeline.errors import ModelLoadError
 from pipeline.modeldir import MANIFEST_FILE, read_model_directory
 
 from .hub import HubError, fetch_files, hf_endpoint
-from .sensevoice import parse_precisions
+from .sensevoice import parse_precisions, user_path
 
 INSTALL_EXPORT = ("pip install -e '.[export]' (without an NVIDIA GPU, first: "
                   "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", choices=HUBS, help="hub to download from (default: Hugging Face; "
                         "HF_ENDPOINT selects a mirror)")
     parser.add_argument("--precision", default=DEFAULT_PRECISIONS, help=f"graphs to export (default {DEFAULT_PRECISIONS})")
-    parser.add_argument("--out", type=Path, help="model directory to create (default: the cache, where "
+    parser.add_argument("--out", type=user_path, help="model directory to create (default: the cache, where "
                         "`python -m server --model NAME` finds it; $UNIPAD_HOME moves the cache)")
     parser.add_argument("--force", action="store_true", help="export again over an existing model directory")
     parser.add_argument("--download-only", action="store_true", help="download and check the released files, "

@@ -32,6 +32,7 @@ from pipeline.modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, OUTPUT_NAM
 from pipeline.providers import provider_config
 
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
+from .sensevoice import user_path
 
 MAX_SCALED_ERR = 1e-5  # absolute for |log-prob| <= 1, relative beyond
 MIN_COSINE = 0.999999
@@ -196,7 +197,7 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", type=Path, help="a model directory written by `python -m export sensevoice`")
+    parser.add_argument("model_dir", type=user_path, help="a model directory written by `python -m export sensevoice`")
     parser.add_argument("--precision", help="comma list (default: every precision in the directory)")
     parser.add_argument("--container", type=_seconds, help="container seconds (default: the manifest's)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "directml"),

@@ -164,6 +164,18 @@ def test_cli_missing_model_dir(tmp_path, capsys):
     assert err.startswith("unipad: error: model directory") and err.count("\n") == 1
 
 
+def test_cli_model_path_with_tilde_or_a_file(test_model_dir, tmp_path, monkeypatch, capsys):
+    from server.cli import build_parser, config_from_args, main
+
+    # "~" reaches the program unexpanded from cmd, Windows PowerShell or a quoted argument.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "asr").symlink_to(test_model_dir, target_is_directory=True)
+    assert config_from_args(build_parser().parse_args(["--model", "~/asr"])).model == tmp_path / "asr"
+    # a file given for the directory was reported as "does not exist"
+    assert main(["--model", str(test_model_dir / "manifest.json")]) == 2
+    assert "is a file, not a model directory" in capsys.readouterr().err
+
+
 async def test_python_dash_m_server_help():
     proc = await asyncio.create_subprocess_exec("python", "-m", "server", "--help", stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
