@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
@@ -144,6 +145,9 @@ def _weight_lines(text: str) -> dict[str, float]:
     return weights
 
 
+_COLON_BOOST = re.compile(r":\s*\d+(\.\d+)?\s*$")
+
+
 def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword, ...]:
     """A server-wide list: one phrase a line, optionally a tab and its boost; blank lines and # comments
     are skipped. ValueError (with the line number) on a bad line, an unreadable file or a phrase the
@@ -162,7 +166,9 @@ def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword
             words.append(make_hotword(text, float(boost) if boost.strip() else DEFAULT_BOOST))
             speller.spellings(words[-1])
         except (ProtocolError, ValueError) as exc:
-            raise ValueError(f"{path}:{number}: {exc}") from None
+            # "volume up:3" is the clients' --hotword syntax; here it would be a phrase ending in ":3"
+            hint = " (in this file a boost follows a TAB, not ':')" if _COLON_BOOST.search(text) else ""
+            raise ValueError(f"{path}:{number}: {exc}{hint}") from None
     return merge_hotwords(words)
 
 
