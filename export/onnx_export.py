@@ -67,10 +67,19 @@ def quantize_int8(src: Path, dst: Path) -> None:
     )
 
 
-def op_histogram(path: Path) -> dict[str, int]:
+def load_graph(path: Path, **options) -> "onnx.ModelProto":
+    """onnx.load, with a damaged file named in one line (protobuf's DecodeError names no file)."""
     import onnx
+    from google.protobuf.message import DecodeError
 
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        return onnx.load(str(path), **options)
+    except DecodeError as exc:
+        raise ValueError(f"{path}: not a readable ONNX graph ({exc})") from None
+
+
+def op_histogram(path: Path) -> dict[str, int]:
+    model = load_graph(path, load_external_data=False)
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 
