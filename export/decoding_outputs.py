@@ -72,7 +72,9 @@ def add_decoding_to_file(path: Path, k: int = DEFAULT_TOP_K) -> int:
     0 for a graph without CTC log-probs (left as it is)."""
     import onnx
 
-    model = onnx.load(str(path))
+    from .onnx_export import load_graph  # here: onnx_export imports this module
+
+    model = load_graph(path)
     if "logprobs" not in {o.name for o in model.graph.output}:
         return 0  # not a CTC graph (Paraformer outputs its tokens already): nothing to add
     model = add_decoding_outputs(model, k)

@@ -67,13 +67,20 @@ def quantize_int8(src: Path, dst: Path) -> None:
     )
 
 
-def op_histogram(path: Path) -> dict[str, int]:
+def load_graph(path: Path, **options) -> "onnx.ModelProto":
+    """onnx.load, with a damaged file named in one line (protobuf's DecodeError names no file)."""
     import onnx
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError has no common base with OSError
-        raise ValueError(f"{path}: not a readable ONNX file ({type(exc).__name__}: {exc})") from None
+        return onnx.load(str(path), **options)
+    except OSError:
+        raise  # a missing or unreadable file says so itself
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and onnx's own errors share no base
+        raise ValueError(f"{path}: not a readable ONNX graph ({type(exc).__name__}: {exc})") from None
+
+
+def op_histogram(path: Path) -> dict[str, int]:
+    model = load_graph(path, load_external_data=False)
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 

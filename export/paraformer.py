@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.modeldir import PRECISIONS, ModelManifest
 
 from .onnx_export import OPSET, write_model_dir
-from .sensevoice import run_export
+from .sensevoice import run_export, user_path
 
 CHECKPOINT_FILES = ("model.pt", "config.yaml", "am.mvn")
 TOKEN_FILES = ("tokens.json", "tokens.txt")
@@ -171,9 +171,9 @@ def checkpoint_model(directory: Path):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=Path, help="released model directory (model.pt, config.yaml, am.mvn, tokens.json)")
+    source.add_argument("--checkpoint", type=user_path, help="released model directory (model.pt, config.yaml, am.mvn, tokens.json)")
     source.add_argument("--random-init", choices=("full", "tiny"), help="seeded random weights of this size")
-    parser.add_argument("--out", type=Path, required=True, help="model directory to create (must not exist)")
+    parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default="fp32,int8", help=f"comma list of {', '.join(PRECISIONS)} (default fp32,int8)")
     parser.add_argument("--container", type=float, default=30.0, help="default container length in seconds (default 30)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --random-init")

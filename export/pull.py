@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.catalog import HUBS, MODELS, download_path, lookup, model_path, pull_command
-from pipeline.modeldir import MANIFEST_FILE
+from pipeline.errors import ModelLoadError
+from pipeline.modeldir import MANIFEST_FILE, read_model_directory
 
 from .hub import HubError, fetch_files, hf_endpoint
-from .sensevoice import parse_precisions
+from .sensevoice import parse_precisions, user_path
 
 INSTALL_EXPORT = ("pip install -e '.[export]' (without an NVIDIA GPU, first: "
                   "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", choices=HUBS, help="hub to download from (default: Hugging Face; "
                         "HF_ENDPOINT selects a mirror)")
     parser.add_argument("--precision", default=DEFAULT_PRECISIONS, help=f"graphs to export (default {DEFAULT_PRECISIONS})")
-    parser.add_argument("--out", type=Path, help="model directory to create (default: the cache, where "
+    parser.add_argument("--out", type=user_path, help="model directory to create (default: the cache, where "
                         "`python -m server --model NAME` finds it; $UNIPAD_HOME moves the cache)")
     parser.add_argument("--force", action="store_true", help="export again over an existing model directory")
     parser.add_argument("--download-only", action="store_true", help="download and check the released files, "
@@ -49,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or model_path(entry.name)
     serve = f"python -m server --model {entry.name if args.out is None else out}"
     if (out / MANIFEST_FILE).is_file() and not args.force:
+        try:
+            read_model_directory(out)
+        except ModelLoadError as exc:  # a file deleted or damaged since: "already there, serve it" would mislead
+            raise ModelLoadError(f"{out} is damaged ({exc}); --force exports it again") from None
         print(f"{entry.name} is already in {out} (--force exports it again)\nserve it: {serve}")
         return 0
     if out.exists() and not args.force:

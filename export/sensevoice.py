@@ -116,13 +116,18 @@ def checkpoint_tokens(directory: Path, vocab_size: int) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=Path, help="released model directory (model.pt, am.mvn, *.bpe.model, config.yaml)")
+    source.add_argument("--checkpoint", type=user_path, help="released model directory (model.pt, am.mvn, *.bpe.model, config.yaml)")
     source.add_argument("--random-init", choices=("full", "tiny"), help="seeded random weights of this size")
-    parser.add_argument("--out", type=Path, required=True, help="model directory to create (must not exist)")
+    parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default="fp32,int8", help=f"comma list of {', '.join(PRECISIONS)} (default fp32,int8)")
     parser.add_argument("--container", type=float, default=30.0, help="default container length in seconds (default 30)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --random-init")
     parser.add_argument("--name", help="model name recorded in the manifest")
+
+
+def user_path(text: str) -> Path:
+    """A path flag: "~/SenseVoiceSmall" works where the shell leaves "~" alone (cmd, Windows PowerShell)."""
+    return Path(text).expanduser()
 
 
 def parse_precisions(text: str) -> tuple[str, ...]:

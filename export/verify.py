@@ -32,6 +32,7 @@ from pipeline.modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, OUTPUT_NAM
 from pipeline.providers import provider_config
 
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
+from .sensevoice import user_path
 
 MAX_SCALED_ERR = 1e-5  # absolute for |log-prob| <= 1, relative beyond
 MIN_COSINE = 0.999999
@@ -177,19 +178,36 @@ def _passed(precision: str, entry: dict) -> bool:
     )
 
 
+def _seconds_list(text: str) -> tuple[float, ...]:
+    """--lengths/--container: comma-separated positive seconds (argparse names the flag in its error)."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v < float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive seconds such as 5,10,29, got {text!r}")
+    return values
+
+
+def _seconds(text: str) -> float:
+    values = _seconds_list(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one number of seconds, got {text!r}")
+    return values[0]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", type=Path, help="a model directory written by `python -m export sensevoice`")
+    parser.add_argument("model_dir", type=user_path, help="a model directory written by `python -m export sensevoice`")
     parser.add_argument("--precision", help="comma list (default: every precision in the directory)")
-    parser.add_argument("--container", type=float, help="container seconds (default: the manifest's)")
+    parser.add_argument("--container", type=_seconds, help="container seconds (default: the manifest's)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "directml"),
                         help="the provider to check on (the one that will serve)")
-    parser.add_argument("--lengths", default=",".join(f"{s:g}" for s in DEFAULT_LENGTHS), help="test audio seconds")
+    parser.add_argument("--lengths", type=_seconds_list, default=DEFAULT_LENGTHS, help="test audio seconds, e.g. 5,10,29")
 
 
 def run(args: argparse.Namespace) -> int:
     precisions = [p.strip() for p in args.precision.split(",")] if args.precision else None
-    lengths = tuple(float(s) for s in args.lengths.split(","))
-    report = verify(args.model_dir, precisions, args.container, lengths, args.device)
+    report = verify(args.model_dir, precisions, args.container, args.lengths, args.device)
     for precision, entry in report["precisions"].items():
         ops = ", ".join(f"{op} {n}" for op, n in entry["ops"].items())
         print(f"[{precision}] operators: {ops}")

@@ -120,7 +120,7 @@ def pull_command(name: str) -> str:
 def resolve_model(value: str | Path) -> Path:
     """A --model value to a model directory: an existing directory as given, else a catalogue name in
     the cache. Raises ModelLoadError with one line saying how to get the model."""
-    path, name = Path(value), str(value)
+    path, name = Path(value).expanduser(), str(value)  # "~/x" quoted, or from a Windows shell that leaves it
     if path.is_dir() or name not in MODELS and (path.is_absolute() or len(path.parts) > 1):
         return path  # a path: read_model_directory reports what is wrong with it
     if name in MODELS:

@@ -158,6 +158,9 @@ def check_model_takes_hotwords(model: ModelDirectory) -> None:
         raise _bad(f"hotwords need a CTC model (SenseVoice); this model is a {model.manifest.architecture.capitalize()}")
 
 
+_COLON_BOOST = re.compile(r":\s*\d+(\.\d+)?\s*$")
+
+
 def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword, ...]:
     """A server-wide list: one phrase a line, optionally a tab and its boost; blank lines and # comments
     are skipped; UTF-8, with or without the byte-order mark Windows editors write. ValueError (with the
@@ -176,7 +179,9 @@ def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword
             words.append(make_hotword(text, _number(boost) if boost.strip() else DEFAULT_BOOST))
             speller.spellings(words[-1])
         except (ProtocolError, ValueError) as exc:
-            raise ValueError(f"{path}:{number}: {exc}") from None
+            # "volume up:3" is the clients' --hotword syntax; here it would be a phrase ending in ":3"
+            hint = " (in this file a boost follows a TAB, not ':')" if _COLON_BOOST.search(text) else ""
+            raise ValueError(f"{path}:{number}: {exc}{hint}") from None
     return merge_hotwords(words)
 
 

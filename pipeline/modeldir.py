@@ -101,7 +101,8 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
     """Read and check a model directory; every problem is a ModelLoadError naming the file."""
     path = Path(path)
     if not path.is_dir():
-        raise ModelLoadError(f"model directory {path} does not exist", path=str(path))
+        what = "is a file, not a model directory" if path.exists() else "does not exist"
+        raise ModelLoadError(f"model directory {path} {what}", path=str(path))
     manifest_path = path / MANIFEST_FILE
     try:
         raw = json.loads(manifest_path.read_text(encoding="utf-8"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -125,9 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     from .server import Server  # after the checks: --help and bad flags stay instant
 
     try:
-        return asyncio.run(Server(config).serve())
+        server = Server(config)
+        code = asyncio.run(server.serve())
     except OSError as exc:  # e.g. the port is taken
-        print(f"unipad: error: {exc}", file=sys.stderr)
+        if config.log_format == "json":  # every stderr line stays one JSON object for the log collector
+            logging.getLogger("server.cli").error("unipad: error: %s", exc)
+        else:
+            print(f"unipad: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    if server.worker is not None and server.worker.running:
+        # Stopped while ONNX Runtime still loads on the worker thread: the interpreter's normal exit would
+        # destroy ONNX Runtime under that thread and abort ("terminate called without an active exception").
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +126,20 @@ def validate_config(config: ServerConfig) -> ServerConfig:
     for name in ("certfile", "keyfile"):
         path = getattr(config, name)
         check(path is None or Path(path).is_file(), f"--{name} {path} does not exist")
+    tls_context(config)  # a file that is not PEM, or a key of another certificate: one line now, not at bind
     check(config.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     check(config.log_format in LOG_FORMATS, f"--log-format must be one of {', '.join(LOG_FORMATS)}")
     return config
+
+
+def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """The server side of TLS from --certfile/--keyfile (None without them); ValueError naming both files."""
+    if config.certfile is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.certfile, config.keyfile)
+    except ssl.SSLError as exc:  # OpenSSL's words alone ("[SSL] PEM lib") name neither file nor cause
+        raise ValueError(f"--certfile {config.certfile} / --keyfile {config.keyfile}: cannot load them as a PEM "
+                         f"certificate and its private key ({exc})") from None
+    return context

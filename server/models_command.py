@@ -21,7 +21,8 @@ def main(argv: list[str]) -> int:
         try:
             model = read_model_directory(path)
         except ModelLoadError as exc:
-            print(f"  {path.name:<20} unreadable: {exc}")
+            repair = f" (repair: {pull_command(path.name)} --force)" if path.name in MODELS else ""
+            print(f"  {path.name:<20} unreadable: {exc}{repair}")
             continue
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         source = model.manifest.source

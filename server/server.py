@@ -26,7 +26,7 @@ from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
 from .access import AuthFailures, install_redaction
-from .config import ServerConfig, segmenter_options
+from .config import ServerConfig, segmenter_options, tls_context
 from .connection import Connection
 from .http import process_request
 from .logs import quiet_requests
@@ -173,7 +173,6 @@ class Server:
         self.worker = Worker(self.engine, loop, self.metrics,
                              max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT)
         self.worker.ready.add_done_callback(self._on_ready)
-        self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
         server = await serve(
             self._handle,
             self.config.host,
@@ -191,6 +190,9 @@ class Server:
         log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())
+        # Only once the ports are bound: a taken port then ends the process with no thread inside ONNX Runtime
+        # (exiting while one loads a model aborts the process: "terminate called without an active exception").
+        self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
         self.listening.set()
 
     async def _start_funasr(self) -> Any:
@@ -202,14 +204,10 @@ class Server:
         return await funasr.start(self, self.config.host, self.config.funasr_port, self._ssl_context())
 
     def _ssl_context(self) -> ssl.SSLContext | None:
-        if self.config.certfile is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.config.certfile, self.config.keyfile)
-        return context
+        return tls_context(self.config)
 
     def _on_ready(self, future: asyncio.Future[None]) -> None:
-        if future.cancelled():
+        if future.cancelled() or self.stopped.is_set():  # a load that ended after shutdown: nothing to say
             return
         if future.exception() is not None:
             log.error("could not load the model: %s", future.exception())

@@ -131,6 +131,11 @@ class Worker:
             self._thread.join(timeout)
 
     @property
+    def running(self) -> bool:
+        """The thread is still at work (e.g. loading a model past stop()'s timeout)."""
+        return self._thread.is_alive()
+
+    @property
     def depth(self) -> int:
         with self._cond:
             return len(self._finals) + len(self._partials) + len(self._batch)

@@ -166,13 +166,26 @@ function onAudioFrame(session, data) {
   }
 }
 
+// An error whose message says it all (no "TypeError: ..." prefix); `server`: the server, not the microphone.
+function pageError(message, server = false) {
+  return Object.assign(new Error(message), { name: "", server });
+}
+
 async function startAudio(session) {
+  if (!navigator.mediaDevices) { // browsers hide it outside secure contexts
+    throw pageError(`browsers offer the microphone only to https:// pages and http://localhost, not to ${location.origin}: ` +
+                    "serve TLS (--certfile/--keyfile, or a reverse proxy), or open the page through localhost");
+  }
   session.media = await navigator.mediaDevices.getUserMedia({
     // Unprocessed audio: the model was trained on it, and gain pumping or echo suppression mangle words.
     audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
   });
   session.context = new AudioContext();
-  await session.context.audioWorklet.addModule("static/worklet.js");
+  try {
+    await session.context.audioWorklet.addModule("static/worklet.js");
+  } catch (err) { // fetched from the server on Start: this is where a stopped server shows first
+    throw pageError(`could not load ${new URL("static/worklet.js", document.baseURI)}: is the server running?`, true);
+  }
   const source = session.context.createMediaStreamSource(session.media);
   session.node = new AudioWorkletNode(session.context, "unipad-capture", {
     numberOfInputs: 1, numberOfOutputs: 1, channelCount: 1, channelCountMode: "explicit",
@@ -207,8 +220,9 @@ async function start() {
     await startAudio(session);
   } catch (err) {
     releaseAudio(session);
-    showError(`Microphone unavailable: ${err.name ? `${err.name}: ` : ""}${err.message}`);
-    setState("error", "Microphone unavailable");
+    const what = err.server ? "Server unreachable" : "Microphone unavailable";
+    showError(`${what}: ${err.name ? `${err.name}: ` : ""}${err.message}`);
+    setState("error", what);
     current = null;
     return;
   }

@@ -17,12 +17,14 @@ CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt install chromium)")
 TRAILING_SILENCE = 4.0  # seconds: Chromium loops the file; the last segment must end before the loop
 WAIT_MS = 60_000  # generous: this machine is shared with a training run
+INSECURE_HOST = "unipad.test"  # http:// on a name other than localhost: what a LAN address looks like to the page
 
 
 def chromium_args(fake_microphone: Path) -> list[str]:
     return ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
-            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={fake_microphone}"]
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={fake_microphone}",
+            f"--host-resolver-rules=MAP {INSECURE_HOST} 127.0.0.1"]  # a name that is not a secure context
 
 
 def fake_microphone(tmp_path: Path, audio: np.ndarray) -> Path:
@@ -86,6 +88,7 @@ async def test_page_transcribes_the_microphone(serve_test_server, browser, speec
         page = await browser.new_page()
         page_errors: list[str] = []
         page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        page.on("console", lambda m: page_errors.append(m.text) if m.type == "error" else None)  # e.g. a 404
         await page.goto(url.http + "/")
         assert await page.title() == "Unipad ASR"
         notice = await check_model_notice(page, test_model_dir)
@@ -138,6 +141,32 @@ async def test_page_shows_server_errors(serve_test_server, browser):
         await page.get_by_role("button", name="Stop").click()
         await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
         assert await page.locator("#errors .error").count() == 0
+
+
+async def error_after_start(page) -> str:
+    await page.get_by_role("button", name="Start").click()
+    await page.wait_for_selector('#state[data-state="error"]', timeout=WAIT_MS)
+    return await page.locator("#errors").inner_text()
+
+
+async def test_page_blames_a_stopped_server_not_the_microphone(serve_test_server, browser):
+    async with serve_test_server() as url:
+        page = await browser.new_page()
+        await page.goto(url.http + "/")
+    # The page's audio code comes from the server on Start: this used to read "Microphone unavailable".
+    shown = await error_after_start(page)
+    assert shown.startswith("Server unreachable: ") and "is the server running?" in shown, shown
+    assert await page.inner_text("#state") == "Server unreachable"
+
+
+async def test_page_explains_why_plain_http_has_no_microphone(serve_test_server, browser):
+    async with serve_test_server() as url:
+        page = await browser.new_page()
+        await page.goto(f"http://{INSECURE_HOST}:{url.port}/")
+        # navigator.mediaDevices is missing outside secure contexts: this used to be a TypeError's words.
+        shown = await error_after_start(page)
+    assert "only to https:// pages and http://localhost" in shown and "--certfile" in shown, shown
+    assert "TypeError" not in shown
 
 
 async def test_stream_url_follows_the_page(serve_test_server, browser):

@@ -269,3 +269,26 @@ def test_verify_unknown_precision(tiny_model_dir: Path, capsys: pytest.CaptureFi
 def test_verify_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code, stderr = fail(capsys, ["verify", str(tmp_path / "nowhere")])
     assert code != 0 and len(stderr.strip().splitlines()) == 1 and "does not exist" in stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--lengths", "abc"), ("--lengths", "0"), ("--lengths", "-1"),
+                                         ("--container", "0"), ("--container", "nan")])
+def test_verify_bad_seconds_name_the_flag(tiny_model_dir: Path, capsys: pytest.CaptureFixture, flag: str,
+                                          value: str) -> None:
+    # These used to end in numpy's words ("zero-size array to reduction operation maximum"), or, for
+    # --container 0, in a silent run on the manifest's container.
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", str(tiny_model_dir), f"{flag}={value}"])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: expected positive seconds" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_verify_names_a_damaged_graph(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_model_dir, damaged)
+    graph = damaged / read_model_directory(damaged).manifest.files["fp32"]
+    graph.write_bytes(b"not a graph")
+    code, stderr = fail(capsys, ["verify", str(damaged), "--precision", "fp32"])
+    # was "error: DecodeError: Error parsing message with type 'onnx.ModelProto'...", naming no file
+    assert code == 1 and len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith(f"error: {graph}: not a readable ONNX graph ("), stderr

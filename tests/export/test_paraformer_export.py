@@ -138,7 +138,7 @@ def test_verify_names_a_corrupt_graph(paraformer_model_dir: Path, tmp_path: Path
     (broken / "model.int8.onnx").write_bytes((broken / "model.int8.onnx").read_bytes()[:1000])  # a cut download
     code, lines = fail(capsys, ["verify", str(broken), "--precision", "int8", "--lengths", "1"])
     assert code == 1 and len(lines) == 1
-    assert lines[0].startswith(f"error: {broken / 'model.int8.onnx'}: not a readable ONNX file"), lines
+    assert lines[0].startswith(f"error: {broken / 'model.int8.onnx'}: not a readable ONNX graph"), lines
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,18 @@ def test_server_names_the_pull_command(home: Path, capsys) -> None:
         assert unipad_main(["--model", value]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+def test_damaged_cached_model_is_not_reported_as_ready(home: Path, capsys) -> None:
+    # A graph deleted from the cache since the pull: pull used to answer "already in ... serve it".
+    model_dir = home / "models" / NAME
+    shutil.copytree(ROOT / "models" / "demo", model_dir)
+    (model_dir / "model.int8.onnx").unlink()
+    code, out, err = pull(capsys)
+    assert code == 1 and "serve it" not in out
+    assert err.strip().splitlines() == [err.strip()] and "is damaged" in err and "--force" in err
+    assert unipad_main(["models"]) == 0
+    assert f"repair: python -m export pull {NAME} --force" in capsys.readouterr().out
 
 
 # ---- faults -----------------------------------------------------------------------------------------------

@@ -132,6 +132,9 @@ def test_cli_refuses_a_bad_hotwords_file(tmp_path, capsys):
     path.write_text("save\nzebra\n", encoding="utf-8")
     assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2
     assert "hotwords.txt:2" in capsys.readouterr().err
+    path.write_text("save\nvolume up:3\n", encoding="utf-8")  # the clients' syntax, not the file's
+    assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2
+    assert "hotwords.txt:2" in (err := capsys.readouterr().err) and "a boost follows a TAB" in err
     assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(tmp_path / "missing.txt")]) == 2
     path.write_text("save\t-2\n", encoding="utf-8")
     assert cli_main(["--model", str(DEMO_MODEL), "--hotwords", str(path)]) == 2

@@ -137,6 +137,7 @@ async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
     (["--device", "tpu"], "--device"),
     (["--certfile", "/nonexistent.pem", "--keyfile", "/nonexistent.key"], "--certfile"),
     (["--containers", "1,2"], "--containers: the largest must hold a whole segment (30 s of audio)"),
+    (["--certfile", __file__, "--keyfile", __file__], "cannot load them as a PEM certificate"),  # was "[SSL] PEM lib"
 ])
 def test_cli_bad_flags_exit_2_in_one_line(argv, message, test_model_dir, capsys):
     from server.cli import main
@@ -162,6 +163,18 @@ def test_cli_missing_model_dir(tmp_path, capsys):
     assert main(["--model", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("unipad: error: model directory") and err.count("\n") == 1
+
+
+def test_cli_model_path_with_tilde_or_a_file(test_model_dir, tmp_path, monkeypatch, capsys):
+    from server.cli import build_parser, config_from_args, main
+
+    # "~" reaches the program unexpanded from cmd, Windows PowerShell or a quoted argument.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "asr").symlink_to(test_model_dir, target_is_directory=True)
+    assert config_from_args(build_parser().parse_args(["--model", "~/asr"])).model == tmp_path / "asr"
+    # a file given for the directory was reported as "does not exist"
+    assert main(["--model", str(test_model_dir / "manifest.json")]) == 2
+    assert "is a file, not a model directory" in capsys.readouterr().err
 
 
 async def test_python_dash_m_server_help():

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -15,7 +17,10 @@ import pytest
 import websockets
 
 from pipeline.audio import seconds_to_samples
+from pipeline.engine import Engine, EngineOptions
+from server.config import ServerConfig
 from server.protocol import CLOSE_GOING_AWAY, STREAM_PATH
+from server.server import Server
 from server_testkit import http_get, pcm16, run_stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +52,62 @@ async def test_sigterm_finishes_open_segments_then_exits_0(test_model_dir, speec
             assert ws.close_code == CLOSE_GOING_AWAY
         assert [(m["type"], m.get("segment")) for m in messages] == [("final", 1), ("done", None)]
         assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_taken_port_is_one_error_line_and_exit_1(test_model_dir, log_format):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = subprocess.run([sys.executable, "-m", "server", "--model", str(test_model_dir), "--log-format",
+                               log_format, "--port", str(taken.getsockname()[1])],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    line = json.loads(done.stderr)["message"] if log_format == "json" else done.stderr  # json: was plain text
+    assert line.startswith("unipad: error: ") and "address already in use" in line
+
+
+class LoadRecordingEngine(Engine):
+    def load(self, warm_up: bool = True) -> Engine:
+        self.load_began.set()
+        return super().load(warm_up)
+
+
+async def test_taken_port_fails_before_the_model_starts_loading(test_model_dir):
+    # Exiting while ONNX Runtime loads on the worker thread aborted the process (exit 134, "terminate called
+    # without an active exception"), so the port is bound before the worker starts.
+    engine = LoadRecordingEngine(test_model_dir, EngineOptions(device="cpu"))
+    engine.load_began = threading.Event()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = dataclasses.replace(ServerConfig(), model=test_model_dir, port=taken.getsockname()[1])
+        with pytest.raises(OSError):
+            await Server(config, engine=engine).serve(install_signal_handlers=False)
+    await asyncio.sleep(0.5)  # time enough for a started worker thread to reach load()
+    assert not engine.load_began.is_set()
+
+
+async def test_ctrl_c_during_a_long_warm_up_exits_cleanly(test_model_dir):
+    # Shutdown waits 5 s for the worker; a load still running after that used to abort the process at exit
+    # (exit 134, "terminate called without an active exception"). 31 long containers warm for longer than 5 s.
+    ladder = ",".join(str(seconds) for seconds in range(30, 61))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server", "--model", str(test_model_dir), "--port", "0", "--threads", "1",
+        "--containers", ladder, cwd=ROOT, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await read_log_until(proc.stderr, r"warmed batch")
+        proc.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(proc.stderr.read(), 60)).decode()
+        assert await proc.wait() == 0, rest
+        assert "terminate called" not in rest and "ready:" not in rest
+        assert rest.rstrip().endswith("stopped")
     finally:
         if proc.returncode is None:
             proc.kill()
