@@ -31,6 +31,8 @@ from pipeline.decoding import is_cjk
 from pipeline.errors import ProtocolError
 from pipeline.stable_prefix import StablePrefix
 
+from .protocol import parse_json_object
+
 FUNASR_PORT = 10095  # FunASR runtime's default port (what its clients dial when given no --port)
 SUBPROTOCOL = "binary"  # what FunASR's clients offer; browsers (its html5 page) offer none
 MODES = ("2pass", "online", "offline")
@@ -120,20 +122,10 @@ def _int_list(value: Any, key: str) -> tuple[int, ...]:
     return numbers
 
 
-def parse_json(text: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ProtocolError(f"invalid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise ProtocolError("a control message must be a JSON object", code="invalid_json")
-    return data
-
-
 def parse_control(text: str, previous: FunasrConfig) -> Control:
     """Parse one text frame; settings it does not mention keep their `previous` values (FunASR keeps
     per-connection state). Raises ProtocolError (invalid_json, bad_start, unsupported_audio)."""
-    data = parse_json(text)
+    data = parse_json_object(text)
     changes: dict[str, Any] = {}
     mode = data.get("mode")
     if mode is not None:

@@ -75,14 +75,20 @@ class Stop:
 ClientMessage = Union[Start, Stop]
 
 
-def parse_client_message(text: str) -> ClientMessage:
-    """Parse one text frame from a client; raise ProtocolError with a precise code and message."""
+def parse_json_object(text: str) -> dict[str, Any]:
+    """One control frame's JSON object (ours and FunASR's); ProtocolError invalid_json otherwise."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays or objects
         raise ProtocolError(f"invalid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ProtocolError("a control message must be a JSON object", code="invalid_json")
+    return data
+
+
+def parse_client_message(text: str) -> ClientMessage:
+    """Parse one text frame from a client; raise ProtocolError with a precise code and message."""
+    data = parse_json_object(text)
     kind = data.get("type")
     if kind == "stop":
         return Stop()

@@ -243,6 +243,7 @@ BAD_STARTS = {
     # name: (frames, error code, close code)
     "malformed_json": (['{"mode": "2pass", '], "invalid_json", 1007),
     "not_an_object": (['["2pass"]'], "invalid_json", 1007),
+    "deeply_nested": (["[" * 50_000], "invalid_json", 1007),  # a RecursionError, not a 1011 close
     "unknown_mode": (['{"mode": "3pass"}'], "bad_start", 1008),
     "audio_first": ([b"\x00\x00" * 960], "bad_order", 1008),
     "bad_audio_fs": (['{"mode": "2pass", "audio_fs": 44}'], "unsupported_audio", 1003),
