@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.modeldir import PRECISIONS, ModelManifest
+from pipeline.modeldir import ModelManifest
 
 from .onnx_export import OPSET, write_model_dir
-from .sensevoice import run_export, user_path
+from .sensevoice import add_export_arguments, run_export
 
 CHECKPOINT_FILES = ("model.pt", "config.yaml", "am.mvn")
 TOKEN_FILES = ("tokens.json", "tokens.txt")
@@ -170,14 +170,7 @@ def checkpoint_model(directory: Path):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=user_path, help="released model directory (model.pt, config.yaml, am.mvn, tokens.json)")
-    source.add_argument("--random-init", choices=("full", "tiny"), help="seeded random weights of this size")
-    parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
-    parser.add_argument("--precision", default="fp32,int8", help=f"comma list of {', '.join(PRECISIONS)} (default fp32,int8)")
-    parser.add_argument("--container", type=float, default=30.0, help="default container length in seconds (default 30)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --random-init")
-    parser.add_argument("--name", help="model name recorded in the manifest")
+    add_export_arguments(parser, "released model directory (model.pt, config.yaml, am.mvn, tokens.json)", DEFAULT_SEED)
 
 
 def run(args: argparse.Namespace) -> int:

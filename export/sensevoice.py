@@ -115,13 +115,18 @@ def checkpoint_tokens(directory: Path, vocab_size: int) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_export_arguments(parser, "released model directory (model.pt, am.mvn, *.bpe.model, config.yaml)", DEFAULT_SEED)
+
+
+def add_export_arguments(parser: argparse.ArgumentParser, checkpoint_help: str, seed: int) -> None:
+    """Every family's export command: a checkpoint or random weights in, a model directory out."""
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", type=user_path, help="released model directory (model.pt, am.mvn, *.bpe.model, config.yaml)")
+    source.add_argument("--checkpoint", type=user_path, help=checkpoint_help)
     source.add_argument("--random-init", choices=("full", "tiny"), help="seeded random weights of this size")
     parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default="fp32,int8", help=f"comma list of {', '.join(PRECISIONS)} (default fp32,int8)")
     parser.add_argument("--container", type=float, default=30.0, help="default container length in seconds (default 30)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --random-init")
+    parser.add_argument("--seed", type=int, default=seed, help="seed for --random-init")
     parser.add_argument("--name", help="model name recorded in the manifest")
 
 
