@@ -40,7 +40,7 @@ from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_s
                        plan_batches, unpack, validate_batch_sizes)
 from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
-from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
+from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
@@ -262,8 +262,8 @@ class Engine:
         """The prompt id of a language code; ProtocolError("bad_start") when the model does not know it."""
         languages = self.model.manifest.languages
         if language not in languages:
-            raise ProtocolError(f"unknown language {language!r}; this model knows {', '.join(languages)}",
-                                code="bad_start", language=language)
+            raise ProtocolError(f"unknown language {quoted(language)}; this model knows {', '.join(languages)}",
+                                code="bad_start", language=quoted(language))
         return int(languages[language])
 
     def textnorm_id(self, itn: bool) -> int:

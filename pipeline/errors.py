@@ -16,6 +16,17 @@ message from structured fields. Only the server's connection layer turns errors 
 from __future__ import annotations
 
 
+QUOTED_LIMIT = 64  # characters of a client's value an error message repeats (a 100 KB value is cut)
+
+
+def quoted(value: object, limit: int = QUOTED_LIMIT) -> str:
+    """repr() of a client's value for an error message, cut to `limit` characters with its full length."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(str(value))} characters)"
+
+
 class UnipadError(Exception):
     """Root of every error Unipad ASR raises on purpose."""
 

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.errors import quoted
 from pipeline.segmenter import SegmenterOptions
 
 RATES = (24000, 16000)
@@ -158,7 +159,7 @@ def apply_update(config: SessionConfig, event: dict[str, Any], languages: Any) -
         if value is not None:
             changes[key] = value or ("auto" if key == "language" else "")
     if changes.get("language", "auto") not in languages:
-        raise EventError(f"language {changes['language']!r} is not supported; this model knows "
+        raise EventError(f"language {quoted(changes['language'])} is not supported; this model knows "
                          f"{', '.join(languages)}", param=f"{param}.language")
     return dataclasses.replace(config, **changes)
 

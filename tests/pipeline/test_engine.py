@@ -227,6 +227,13 @@ def test_language_and_itn_reach_the_prompt(engine):
     assert not np.array_equal(auto[3], itn[3])  # the fourth is the text-norm row
 
 
+def test_a_huge_unknown_language_is_cut_in_the_error(engine):
+    with pytest.raises(ProtocolError) as info:
+        engine.language_id("x" * 60_000)  # every door (uploads, Realtime, stream start, FunASR) asks here
+    assert info.value.code == "bad_start" and len(info.value.message) < 300
+    assert "60000 characters" in info.value.message and len(str(info.value.fields["language"])) < 100
+
+
 def test_transcribe(engine):
     result = engine.transcribe(clip(2.0), offset=10.0)
     assert isinstance(result, Transcript)

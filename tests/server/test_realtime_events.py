@@ -47,3 +47,11 @@ def test_server_vad_maps_onto_our_segmenter():
     options = segmenter_options(base, SessionConfig(turn_detection=TurnDetection(100, 500, 0.2)))
     assert (options.end_silence, options.post_roll, options.pre_roll, options.vad_aggressiveness) == (0.1, 0.1, 0.5, 1)
     assert segmenter_options(base, SessionConfig(turn_detection=None)) == base
+
+
+def test_a_huge_language_is_cut_in_the_error():
+    huge = "x" * 100_000
+    with pytest.raises(EventError) as error:
+        apply_update(SessionConfig(), {"type": "session.update", "session": {
+            "audio": {"input": {"transcription": {"language": huge}}}}}, LANGUAGES)
+    assert len(error.value.message) < 300 and "100000 characters" in error.value.message
