@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.bench.cluster import haproxy_binary
+from bench.cluster import haproxy_binary
 from server.cli import build_parser, config_from_args
 
 yaml = pytest.importorskip("yaml")  # pyyaml: in the export extra, which .ci/run installs

@@ -1,6 +1,6 @@
-"""`python -m server.bench failover`: resumable streams through HAProxy while servers fail.
+"""`python -m bench failover`: resumable streams through HAProxy while servers fail.
 
-Three servers behind HAProxy (deploy/haproxy.cfg, server/bench/cluster.py), demo model, 127.0.0.1:
+Three servers behind HAProxy (deploy/haproxy.cfg, bench/cluster.py), demo model, 127.0.0.1:
   1. saturation  one server is filled to --max-sessions by idle streams sent to it directly; once
                  HAProxy marks it down (its /readyz is 503), the reference run goes through the balancer:
                  every stream at full speed, no faults. The full server must receive none of them.

@@ -1,5 +1,5 @@
 """Several `python -m server` processes behind HAProxy on 127.0.0.1, with deploy/haproxy.cfg as shipped
-(its addresses set through the environment): what `python -m server.bench failover` and the failover
+(its addresses set through the environment): what `python -m bench failover` and the failover
 test run. HAProxy's stats CSV tells which servers it considers up.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from server.protocol import STREAM_PATH
 
 from .serverproc import ServerProcess, free_port, http_get, stop_process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
 SERVERS = 3  # deploy/haproxy.cfg names three servers
 

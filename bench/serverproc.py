@@ -60,7 +60,7 @@ class ServerProcess:
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
         self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[1]
         self.process = subprocess.Popen(command, cwd=root, stdout=self.log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
 

@@ -1,14 +1,14 @@
 """Real HAProxy (deploy/haproxy.cfg) in front of three real servers (subprocesses on 127.0.0.1): a full
 server gets no new streams, and 30 resumable streams survive one server's drain and another's death with
-every final exactly once. The harness is `python -m server.bench failover` (server/bench/failover.py)."""
+every final exactly once. The harness is `python -m bench failover` (bench/failover.py)."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from server.bench.cluster import haproxy_binary
-from server.bench.failover import failover
+from bench.cluster import haproxy_binary
+from bench.failover import failover
 
 pytestmark = pytest.mark.skipif(
     haproxy_binary() is None, reason="HAProxy is not installed (Debian: apt-get install haproxy; .ci/run does)")
