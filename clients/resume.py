@@ -40,12 +40,12 @@ FATAL_STATUSES = (400, 401, 403, 404, 405, 426)
 
 @dataclass(frozen=True)
 class ResumeOptions:
+    attempts: int = 8  # the stream's first connection (no audio is at stake yet): attempts before connect() fails
+    backoff: float = 0.2  # seconds before the second attempt (the first is at once); doubles each time ...
+    max_backoff: float = 5.0  # ... up to this, each wait drawn from its upper half (jitter)
     # A lost connection is tried again for as long as the audio kept lasts (keep_seconds from the loss: what
     # a live source says meanwhile is the next audio to keep), however many attempts that takes.
     keep_seconds: float = 60.0  # audio kept past the last final: a 30 s segment plus a margin for the server's lag
-    backoff: float = 0.2  # seconds before the second attempt (the first is at once); doubles each time ...
-    max_backoff: float = 5.0  # ... up to this, each wait drawn from its upper half (jitter)
-    attempts: int = 8  # the stream's first connection (no audio is at stake yet): attempts before connect() fails
 
 
 def resume_options(opener: connect) -> ResumeOptions:
