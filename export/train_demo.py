@@ -95,7 +95,7 @@ def native_bf16() -> bool:
 
 def training_precision(requested: str) -> str:
     """"auto" is bf16 where the CPU has it natively (1.4-1.6x the steps per minute here, measured by
-    `python -m export bench-train`), fp32 elsewhere: emulated bf16 is slower than fp32."""
+    `python -m bench train`), fp32 elsewhere: emulated bf16 is slower than fp32."""
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r} (choose from {', '.join(PRECISIONS)})")
     if requested != "auto":

@@ -19,6 +19,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from .access import FORWARDED_FOR, forwarded_client
 from .model_info import MODEL_CARD_PATH, MODEL_PATH, model_card, model_info
 from .protocol import STREAM_PATH
 
@@ -78,9 +79,21 @@ def static_file(path: str) -> Response:
 
 
 def client_address(ws: ServerConnection) -> str:
-    """The client's IP address (no port), for per-address limits and logs."""
+    """The client's IP address (no port), for per-address limits and logs: the TCP peer's, or behind a
+    trusted proxy the one it forwarded (`note_client_address`, at the request)."""
+    forwarded = getattr(ws, "forwarded_client", None)
+    if forwarded is not None:
+        return forwarded
     address = ws.remote_address
     return str(address[0]) if address else "unknown"
+
+
+def note_client_address(app: Server, connection: ServerConnection, headers: Headers) -> None:
+    """With --forwarded-allow-ips, remember the client a trusted proxy names (server/access.py)."""
+    if app.trusted_proxies:
+        peer = connection.remote_address
+        connection.forwarded_client = forwarded_client(  # type: ignore[attr-defined]
+            str(peer[0]) if peer else "unknown", headers.get_all(FORWARDED_FOR), app.trusted_proxies)
 
 
 def check_handshake_token(app: Server, connection: ServerConnection, request: Request, what: str) -> Response | None:
@@ -108,6 +121,7 @@ def check_handshake_token(app: Server, connection: ServerConnection, request: Re
 
 def process_request(app: Server, connection: ServerConnection, request: Request) -> Response | None:
     """Route one handshake request: answer HTTP, or return None to accept the WebSocket."""
+    note_client_address(app, connection, request.headers)
     path = urlsplit(request.path).path
     if path == STREAM_PATH:
         return check_handshake_token(app, connection, request, "a stream")

@@ -25,7 +25,7 @@ from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
-from .access import AuthFailures, install_redaction
+from .access import AuthFailures, install_redaction, proxy_networks
 from .config import ServerConfig, segmenter_options, tls_context
 from .connection import Connection
 from .http import process_request
@@ -82,6 +82,7 @@ class Server:
         self.config = config
         self.metrics = Metrics()
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
+        self.trusted_proxies = proxy_networks(config.forwarded_allow_ips)  # --forwarded-allow-ips
         self.segmenter_options = segmenter_options(config)
         self.engine = engine
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
