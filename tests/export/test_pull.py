@@ -69,6 +69,7 @@ def hub(home: Path, monkeypatch: pytest.MonkeyPatch):
     with HubMirror({REPO: files}, revisions=(REVISION,)) as mirror:
         monkeypatch.setenv("HF_ENDPOINT", mirror.endpoint)
         yield mirror
+    assert mirror.errors == [], mirror.errors[0]  # a fault of the loopback hub, not of the product
 
 
 def pull(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
