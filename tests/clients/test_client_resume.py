@@ -104,7 +104,9 @@ async def test_a_stream_waits_out_a_long_outage_while_its_audio_is_kept(serve_te
     assert [(f.segment, f.text) for f in s.finals] == reference
     resumed = s.resumptions[-1]
     assert resumed.attempts == len(resumed.failures) + 1 > 8
-    assert all("cannot connect" in failure for failure in resumed.failures)
+    # while it was gone nothing listened; once back, it may say it is still loading its model (code overloaded)
+    assert all("cannot connect" in failure or failure == "overloaded" for failure in resumed.failures)
+    assert sum("cannot connect" in failure for failure in resumed.failures) >= 8
 
 
 async def test_a_refused_token_is_not_retried(serve_test_server):
