@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -246,13 +247,14 @@ def final_message(config: FunasrConfig, results: Sequence[SegmentResult], is_fin
 class ResultWriter:
     """One input's results as FunASR messages. Stateful because FunASR's clients append every `online` and
     `2pass-online` text to what they show: a segment's partials send only the text they commit
-    (pipeline/stable_prefix.py), and its final keeps that text as its prefix, so what a client appended
-    is always the start of the segment's final text, and in `online` mode the final sends the rest."""
+    (pipeline/stable_prefix.py); in `online` mode its final sends the rest after what was sent (the client
+    cannot take text back), in `2pass` its final is the whole second-pass text, which FunASR's clients show
+    in place of the segment's online text (funasr_wss_client.py resets it on each 2pass-offline text)."""
 
     def __init__(self, config: FunasrConfig) -> None:
         self.config = config  # the connection replaces it when a later message renames the input
         self._segments: dict[int, StablePrefix] = {}  # open segment -> the text its deltas add up to
-        self._any_online = False
+        self._any_text = False  # an earlier segment of this input sent text: the next one is separated
 
     def partial(self, segment: int, snapshot: str) -> dict[str, Any] | None:
         """A partial transcript of an open segment -> a delta message, or None when nothing new is stable."""
@@ -261,18 +263,19 @@ class ResultWriter:
         delta = prefix.update(snapshot)
         if not delta:
             return None
-        return partial_message(self.config, self._separate(delta) if first else delta)
+        return partial_message(self.config, self._separate(delta, final=False) if first else delta)
 
     def final(self, result: SegmentResult, is_final: bool) -> dict[str, Any] | None:
-        """A segment's final -> its 2pass-offline/offline result; in online mode, the rest of its text as a
-        delta (None when nothing is left and the message is not needed as the input's last)."""
+        """A segment's final -> its 2pass-offline/offline result, whole: FunASR's 2pass clients drop the
+        segment's online text when it comes, so the second pass may correct it; in online mode, the rest of
+        its text as a delta (None when nothing is left and the message is not needed as the input's last)."""
         prefix = self._segments.pop(result.segment, StablePrefix())
+        if self.config.reply_mode != "online":
+            message = final_message(self.config, [result], is_final)
+            message["text"] = self._separate(message["text"])
+            return message
         sent = prefix.text
         rest = prefix.complete(result.text)
-        if prefix.text != result.text:  # the committed words differ from the final's: they stay
-            result = dataclasses.replace(result, text=prefix.text)
-        if self.config.reply_mode != "online":
-            return final_message(self.config, [result], is_final)
         delta = rest if sent else self._separate(rest)
         if not delta and not is_final and not result.error:
             return None
@@ -281,13 +284,23 @@ class ResultWriter:
             message["error"] = result.error
         return message
 
-    def _separate(self, delta: str) -> str:
-        """Online mode: a segment's first text after earlier text starts with a space (clients append)."""
-        if delta and self.config.reply_mode == "online":
-            if self._any_online and not is_cjk(delta[0]):
-                delta = " " + delta
-            self._any_online = True
-        return delta
+    def _separate(self, text: str, final: bool = True) -> str:
+        """A segment's first text after an earlier segment's text starts with a space unless it is CJK:
+        FunASR's clients print texts as they come, and FunASR's punctuation model starts a segment that opens
+        with a Latin word with a space (ct_transformer), so clients read separate words. The space goes after
+        SenseVoice's tags, which stay first for clients that parse them. `final`: the text settles the
+        segment (an online/offline text, or a 2pass-offline text); a 2pass-online text does not (the
+        segment's 2pass-offline text replaces it)."""
+        tags = _TAG_PREFIX.match(text).group(0)
+        words = text[len(tags):]
+        if words and self._any_text and not is_cjk(words[0]):
+            text = f"{tags} {words}"
+        if words and (final or self.config.reply_mode == "online"):
+            self._any_text = True
+        return text
+
+
+_TAG_PREFIX = re.compile(r"(?:<\|[^|<>]*\|>)*")  # SenseVoice's '<|en|><|NEUTRAL|>…' before a text
 
 
 def partial_message(config: FunasrConfig, text: str, is_final: bool = False) -> dict[str, Any]:

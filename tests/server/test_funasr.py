@@ -59,6 +59,29 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"[^\w']+", " ", TAGS.sub("", text).lower()).split())
 
 
+def words_of(text: str) -> list[str]:
+    """The words as a reader sees them: segments glued without a space ("eighteight") stay one word."""
+    untagged = re.sub(r"<\|[^|<>]*\|>", "", text)  # SenseVoice's tags, wherever a text's message began
+    return re.sub(r"[^\w' ]+", "", untagged.lower()).split()
+
+
+def funasr_client_prints(messages: list[dict]) -> str:
+    """What FunASR's funasr_wss_client.py shows for these messages: online texts appended; a 2pass-online
+    text appended to the segment's online text, which the segment's 2pass-offline text then replaces."""
+    offline, online, shown = "", "", ""
+    for message in messages:
+        if message["mode"] == "2pass-online":
+            online += message["text"]
+            shown = offline + online
+        elif message["mode"] == "2pass-offline":
+            online = ""
+            offline += message["text"]
+            shown = offline
+        else:
+            shown += message["text"]
+    return shown
+
+
 def pcm16(audio: np.ndarray) -> bytes:
     return np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2").tobytes()
 
@@ -134,8 +157,8 @@ async def stream_at_real_time(url: Any, first: dict, data: bytes) -> list[dict]:
 
 async def test_2pass_and_online_real_time_streams(serve_test_server, recording, test_model_dir):
     """Microphone-like clients (60 ms chunks at real-time pace, partials on) in 2pass and online mode at once:
-    2pass sends partials and corrected finals, each segment's 2pass-online texts the start of its final;
-    online texts, appended as FunASR's clients do, give every word of the finals (nothing lost)."""
+    2pass sends partials, then each segment's final in place of them; online texts are appended. What
+    FunASR's client prints reads as separate words in both modes (nothing lost, nothing glued)."""
     first = {"mode": "2pass", "wav_name": "three", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
              "is_speaking": True, "chunk_size": [5, 10, 5], "chunk_interval": 10,
              "hotwords": json.dumps({"window": 20}), "itn": True, "encoder_chunk_look_back": 4}
@@ -149,18 +172,17 @@ async def test_2pass_and_online_real_time_streams(serve_test_server, recording, 
     assert set(modes) == {"2pass-online", "2pass-offline"}
     finals_at = [j for j, m in enumerate(messages) if m["mode"] == "2pass-offline" and "start_time" in m]
     assert "2pass-online" in modes[:finals_at[-1]]  # live text (per segment once two partials agree)
-    for previous, final_at in zip([-1] + finals_at, finals_at):
-        appended = "".join(m["text"] for m in messages[previous + 1:final_at])
-        assert messages[final_at]["text"].startswith(appended), (appended, messages[final_at])
+    shown_2pass = funasr_client_prints(messages)
     assert all(m["text"] and m["wav_name"] == "three" for m in messages if m["mode"] == "2pass-online")
     assert {m["mode"] for m in online} == {"online"} and online[-1]["is_final"] is True
     assert [m["is_final"] for m in online[:-1]] == [False] * (len(online) - 1)
     shown = "".join(m["text"] for m in online)  # what FunASR's client prints
     if knows_words(test_model_dir):
         assert [normalise(f["text"]) for f in finals] == [normalise(u["text"]) for u in recording.utterances]
-        assert normalise(shown) == normalise(" ".join(u["text"] for u in recording.utterances))
+        spoken = words_of(" ".join(u["text"] for u in recording.utterances))
+        assert words_of(shown) == spoken and words_of(shown_2pass) == spoken  # no words glued at segment ends
     else:
-        assert shown.strip()
+        assert shown.strip() and shown_2pass.strip()
 
 
 async def test_offline_files_on_one_connection(serve_test_server, recording, test_model_dir):
@@ -237,6 +259,8 @@ async def test_offline_segments_48k_with_end_ack(serve_test_server, recording, t
     check_segment_times([(m["start_time"], m["end_time"]) for m in finals], recording.utterances)
     if knows_words(test_model_dir):
         assert [normalise(m["text"]) for m in finals] == [normalise(u["text"]) for u in recording.utterances]
+        assert words_of(funasr_client_prints(finals)) == words_of(" ".join(u["text"] for u in recording.utterances))
+    assert all(m["text"].startswith(" ", len(TAGS.match(m["text"]).group(0))) for m in finals[1:] if m["text"])
 
 
 BAD_STARTS = {
@@ -359,5 +383,12 @@ def test_online_texts_are_deltas():
     two_pass = ResultWriter(FunasrConfig(mode="2pass", wav_name="m"))
     assert two_pass.partial(0, "hi") is None and two_pass.partial(0, "hi there")["mode"] == "2pass-online"
     assert two_pass.partial(1, "there") is None and two_pass.partial(1, "there now")["text"] == "there"
-    final = two_pass.final(SegmentResult(1, "their now", 1.0, 2.0), True)  # 2pass clients reset per segment
-    assert final["mode"] == "2pass-offline" and final["text"] == "there now" and final["is_final"] is True
+    first = two_pass.final(SegmentResult(0, "hi there", 0.0, 1.0), False)
+    final = two_pass.final(SegmentResult(1, "their now", 1.0, 2.0), True)  # the second pass corrects "there"
+    assert final["mode"] == "2pass-offline" and final["text"] == " their now" and final["is_final"] is True
+    assert funasr_client_prints([first, final]) == "hi there their now"
+    assert two_pass.partial(2, "再见") is None and two_pass.partial(2, "再见 吧")["text"] == "再见"  # no space: CJK
+    tagged = ResultWriter(FunasrConfig(mode="offline", wav_name="m", tags=True))
+    texts = [tagged.final(SegmentResult(n, t, n, n + 1.0, language="en"), False)["text"] for n, t in enumerate(
+        ["one", "", "two", "你好"])]
+    assert texts == ["<|en|><|withitn|>one", "<|en|><|withitn|>", "<|en|><|withitn|> two", "<|en|><|withitn|>你好"]
