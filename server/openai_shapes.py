@@ -108,7 +108,11 @@ def parse_form(content_type: str, body: bytes) -> TranscriptionForm:
     if stream and response_format not in STREAM_FORMATS:
         raise ApiError(400, f"streaming supports response_format json or text, not {response_format}",
                        param="stream", code="unsupported_value")
-    return TranscriptionForm(upload[1], upload[0], value["model"], value.get("language") or None,
+    # gpt-transcribe's plural field (LiveKit's openai plugin sends `languages[]` for it): this model
+    # decodes one language, so the first one listed stands for `language` when that is not given
+    languages = fields.get("languages[]", []) + fields.get("languages", [])
+    language = value.get("language") or next((code for code in languages if code), None)
+    return TranscriptionForm(upload[1], upload[0], value["model"], language,
                              value.get("prompt") or None, response_format, granularities, stream)
 
 

@@ -3,7 +3,7 @@
 Both shapes of the settings are read (openai-python src/openai/types/realtime/ and types/beta/realtime/):
     session.update                {"session": {"type": "transcription", "audio": {"input": {
                                      "format": {"type": "audio/pcm", "rate": 24000},
-                                     "transcription": {"model", "language", "prompt"},
+                                     "transcription": {"model", "language", "languages", "prompt"},
                                      "turn_detection": {"type": "server_vad", "threshold",
                                                         "prefix_padding_ms", "silence_duration_ms"} | null}}}}
     transcription_session.update  {"session": {"input_audio_format": "pcm16",
@@ -79,6 +79,16 @@ def _get(data: Any, key: str, kind: type | tuple[type, ...], param: str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         raise EventError(f"Invalid type for '{param}.{key}': got {type(value).__name__}", param=f"{param}.{key}")
     return value
+
+
+def _first_language(transcription: dict[str, Any], param: str) -> str | None:
+    """gpt-transcribe's plural `languages` (what LiveKit's openai plugin sends for it): this model decodes
+    one language, so the first one listed stands for `language`."""
+    languages = _get(transcription, "languages", list, param) or []
+    if not all(isinstance(code, str) for code in languages):
+        raise EventError(f"Invalid type for '{param}.languages': expected an array of strings",
+                         param=f"{param}.languages")
+    return next((code for code in languages if code), None)
 
 
 def _object(data: dict[str, Any], key: str, param: str) -> dict[str, Any]:
@@ -158,9 +168,13 @@ def apply_update(config: SessionConfig, event: dict[str, Any], languages: Any) -
         value = _get(transcription, key, str, param)
         if value is not None:
             changes[key] = value or ("auto" if key == "language" else "")
+    language_key = "language"
+    first = _first_language(transcription, param)
+    if first and changes.get("language", "auto") == "auto":  # `language` wins when both are given
+        changes["language"], language_key = first, "languages"
     if changes.get("language", "auto") not in languages:
         raise EventError(f"language {quoted(changes['language'])} is not supported; this model knows "
-                         f"{', '.join(languages)}", param=f"{param}.language")
+                         f"{', '.join(languages)}", param=f"{param}.{language_key}")
     return dataclasses.replace(config, **changes)
 
 

@@ -87,6 +87,7 @@ async def test_errors_are_openai_error_objects(serve_test_server):
             "granularity": (await upload({"model": "m", "timestamp_granularities[]": "word"}), 400,
                             "timestamp_granularities[]"),
             "language": (await upload({"model": "m", "language": "xx"}), 400, "language"),
+            "languages[]": (await upload({"model": "m", "languages[]": "xx"}), 400, "language"),  # LiveKit's field
             "model": (await upload({}), 400, "model"),
             "stream srt": (await upload({"model": "m", "stream": "true", "response_format": "srt"}), 400, "stream"),
             "not a form": (await post(url.port, "/v1/audio/transcriptions", b"{}", auth), 400, None),

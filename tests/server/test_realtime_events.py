@@ -31,6 +31,9 @@ def test_ga_and_beta_updates_set_the_same_settings():
     ({"audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
     ({"audio": {"input": {"transcription": {"language": "fr"}}}}, "session.audio.input.transcription.language"),
     ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
+    ({"audio": {"input": {"transcription": {"languages": ["fr"]}}}}, "session.audio.input.transcription.languages"),
+    ({"audio": {"input": {"transcription": {"languages": "en"}}}}, "session.audio.input.transcription.languages"),
+    ({"audio": {"input": {"transcription": {"languages": [7]}}}}, "session.audio.input.transcription.languages"),
     ({"audio": {"input": {"transcription": "en"}}}, "session.audio.input.transcription"),
     ({"audio": {"input": "pcm"}}, "session.audio.input"),
     ({"audio": ["pcm"]}, "session.audio"),
@@ -39,6 +42,16 @@ def test_bad_settings_name_their_parameter(session, param):
     with pytest.raises(EventError) as error:
         apply_update(SessionConfig(), {"type": "session.update", "session": session}, LANGUAGES)
     assert error.value.param == param and error.value.message
+
+
+def test_the_first_of_languages_is_the_language():
+    """gpt-transcribe's plural field, as LiveKit's openai plugin sends it: the first entry is honoured."""
+    def language(transcription: dict) -> str:
+        update = {"type": "session.update", "session": {"audio": {"input": {"transcription": transcription}}}}
+        return apply_update(SessionConfig(), update, LANGUAGES).language
+    assert language({"model": "gpt-transcribe", "languages": ["zh", "en"]}) == "zh"
+    assert language({"languages": ["", "en"]}) == "en" and language({"languages": []}) == "auto"
+    assert language({"language": "en", "languages": ["zh"]}) == "en"  # the singular field wins
 
 
 def test_server_vad_maps_onto_our_segmenter():
