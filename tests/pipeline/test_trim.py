@@ -1,0 +1,56 @@
+"""pipeline/trim.py: the model hears speech with its pre-roll and never more silence (issue 25)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
+from pipeline.trim import for_model, speech_in, trim_to_speech
+
+
+def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
+    segmenter = Segmenter(options)
+    return [e for e in segmenter.feed(audio) + segmenter.finish() if isinstance(e, SegmentFinished)]
+
+
+def test_trim_to_speech_keeps_the_rolls_and_never_reaches_past_the_audio():
+    audio = np.arange(5 * SAMPLE_RATE, dtype=np.float32)  # each sample its own index
+    cut, audio_start = trim_to_speech(audio, 10.0, 12.0, 13.0, 0.3, 0.2)
+    assert audio_start == pytest.approx(11.7) and len(cut) == round(1.5 * SAMPLE_RATE)
+    assert cut[0] == round(1.7 * SAMPLE_RATE)
+    whole, start = trim_to_speech(audio, 10.0, 10.1, 14.9, 0.3, 0.2)  # less silence than the rolls: all kept
+    assert start == 10.0 and len(whole) == len(audio)
+
+
+def test_a_longer_client_pre_roll_is_cut_to_the_models(demo_speech):
+    """Realtime's prefix_padding_ms 600 gives segments 0.6 s before the speech; the model gets 0.3 s of it,
+    the very samples a segmenter with the default pre-roll cuts, with the speech times untouched."""
+    audio = np.concatenate([np.zeros(2 * SAMPLE_RATE, np.float32), demo_speech.audio])
+    model = SegmenterOptions(partial_interval=0.0)
+    client = dataclasses.replace(model, pre_roll=0.6)
+    for wide, usual in zip(segments(audio, client), segments(audio, model), strict=True):
+        trimmed = for_model(wide, model)
+        assert wide.audio_start == pytest.approx(wide.start - 0.6)
+        assert (trimmed.start, trimmed.end, trimmed.audio_start) == (usual.start, usual.end, usual.audio_start)
+        np.testing.assert_array_equal(trimmed.audio, usual.audio)
+        assert for_model(usual, model) is usual  # the segmenter's own segments are already what the model hears
+
+
+def test_speech_in_a_whole_buffer_is_what_an_upload_segment_holds(demo_speech):
+    """2 s of silence before one utterance and 1.5 s after: the buffer becomes the segment the segmenter
+    cuts, times shifted by the buffer's offset; a buffer of silence or of a beep is no segment at all."""
+    first = demo_speech.utterances[0]
+    speech = demo_speech.audio[: int((first["end"] + 0.3) * SAMPLE_RATE)]
+    audio = np.concatenate([np.zeros(2 * SAMPLE_RATE, np.float32), speech, np.zeros(SAMPLE_RATE * 3 // 2, np.float32)])
+    options = SegmenterOptions()
+    (usual,) = segments(audio, dataclasses.replace(options, partial_interval=0.0))
+    found = speech_in(audio, options, offset=5.0, segment=3)
+    assert found.segment == 3 and found.start == pytest.approx(usual.start + 5) and found.end == pytest.approx(usual.end + 5)
+    assert found.audio_start == pytest.approx(usual.audio_start + 5) == pytest.approx(found.start - options.pre_roll)
+    np.testing.assert_array_equal(found.audio, usual.audio)
+    t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
+    beep = np.where((t > 1.0) & (t < 1.1), 0.2 * np.sin(2 * np.pi * 1000 * t), 0).astype(np.float32)
+    assert speech_in(np.zeros(3 * SAMPLE_RATE, np.float32), options) is None and speech_in(beep, options) is None
