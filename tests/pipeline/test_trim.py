@@ -1,4 +1,5 @@
-"""pipeline/trim.py: the model hears speech with its pre-roll and never more silence (issue 25)."""
+"""pipeline/trim.py: the model hears speech with its pre-roll and never more silence; decoding.starting_at:
+no word starts before the speech (issue 25)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.decoding import TokenTiming, Transcript, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
 from pipeline.trim import for_model, speech_in, trim_to_speech
 
@@ -54,3 +56,15 @@ def test_speech_in_a_whole_buffer_is_what_an_upload_segment_holds(demo_speech):
     t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
     beep = np.where((t > 1.0) & (t < 1.1), 0.2 * np.sin(2 * np.pi * 1000 * t), 0).astype(np.float32)
     assert speech_in(np.zeros(3 * SAMPLE_RATE, np.float32), options) is None and speech_in(beep, options) is None
+
+
+def test_words_start_at_the_speech_not_in_the_pre_roll():
+    """A word emitted in the pre-roll starts at the speech and keeps its length, up to the next word."""
+    early = Transcript("three five", tokens=(TokenTiming(" three", 1.76, 1.82), TokenTiming(" five", 2.03, 2.09)),
+                       words=(TokenTiming("three", 1.76, 1.82), TokenTiming("five", 2.03, 2.09)))
+    fixed = starting_at(early, 2.0)
+    assert [(w.text, w.start, w.end) for w in fixed.words] == [("three", 2.0, 2.03), ("five", 2.03, 2.09)]
+    assert [(t.start, t.end) for t in fixed.tokens] == [(2.0, 2.03), (2.03, 2.09)]
+    assert fixed.text == early.text and starting_at(fixed, 2.0) is fixed
+    alone = starting_at(Transcript("three", words=(TokenTiming("three", 1.76, 1.82),)), 2.0)
+    assert alone.words[0].start == 2.0 and alone.words[0].end == pytest.approx(2.06)

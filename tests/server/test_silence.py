@@ -1,8 +1,8 @@
-"""Silence around speech never reaches the model, at any door (issue 25).
+"""Silence around speech never reaches the model, at any door, and word times start at the speech (issue 25).
 
 Real server on 127.0.0.1, the real `openai` client for uploads, raw Realtime events for the modes OpenAI's
 SDK leaves to the caller (`turn_detection: null` with manual commits, `prefix_padding_ms` 600 as LiveKit
-sends it), the demo fixtures with silence added.
+sends it), the FunASR port, the demo fixtures with silence added.
 """
 from __future__ import annotations
 
@@ -109,9 +109,43 @@ async def test_a_buffer_without_speech_has_an_empty_transcript(serve_test_server
     assert committed == ["", ""] and uploads == ["", ""]
 
 
+async def test_word_times_start_at_the_speech(serve_test_server):
+    """With 1 s of quiet before an utterance, no word starts before the speech the VAD found: in an upload's
+    verbose_json (words and segments), our stream's finals and FunASR's offline timestamps. Before, the
+    first word started in the 0.3 s pre-roll (0.24 s early with the demo model)."""
+    speech, _ = soundfile.read(DEMO / "single_00.wav", dtype="float32")
+    audio = exact(np.concatenate([quiet(1.0, 1), speech, quiet(1.0, 2)]))
+    async with serve_test_server(token=TOKEN, funasr_port=0) as url:
+        verbose = await sdk(url).audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", wav(audio)), response_format="verbose_json",
+            timestamp_granularities=["word", "segment"])
+        funasr = await funasr_offline(url, audio)
+        streamed = await stream(url, audio)
+    assert verbose.segments and verbose.words
+    speech_start = verbose.segments[0].start
+    assert 0.9 <= speech_start <= 1.1  # where the fixture's speech is (its own lead is near 0)
+    assert all(w.start >= speech_start for w in verbose.words), (speech_start, verbose.words)
+    assert streamed.finals and all(t.start >= f.start for f in streamed.finals for t in f.tokens)
+    stamps = json.loads(funasr["timestamp"])
+    assert stamps and stamps[0][0] >= funasr["start_time"] == round(speech_start * 1000)
+
+
 async def stream(url: Any, audio: np.ndarray) -> Any:
     """`audio` through our own /v1/stream at once, then stop: the client stream, finals received."""
     async with connect(str(url), token=TOKEN, sample_rate=SAMPLE_RATE) as session:
         await session.send(pcm16(audio))
         await session.stop()
     return session
+
+
+async def funasr_offline(url: Any, audio: np.ndarray) -> dict:
+    """One offline PCM input on the FunASR port; its segment's result."""
+    async with websockets.connect(f"ws://127.0.0.1:{url.server.funasr_port}/", subprotocols=["binary"]) as ws:
+        await ws.send(json.dumps({"mode": "offline", "wav_name": "a", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
+                                  "is_speaking": True, "token": TOKEN}))
+        await ws.send(pcm16(audio).tobytes())
+        await ws.send(json.dumps({"is_speaking": False}))
+        while True:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            if "start_time" in message:
+                return message
