@@ -50,7 +50,8 @@ def test_speech_in_a_whole_buffer_is_what_an_upload_segment_holds(demo_speech):
     options = SegmenterOptions()
     (usual,) = segments(audio, dataclasses.replace(options, partial_interval=0.0))
     found = speech_in(audio, options, offset=5.0, segment=3)
-    assert found.segment == 3 and found.start == pytest.approx(usual.start + 5) and found.end == pytest.approx(usual.end + 5)
+    assert found.segment == 3 and found.start == pytest.approx(usual.start + 5)
+    assert found.end == pytest.approx(usual.end + 5)
     assert found.audio_start == pytest.approx(usual.audio_start + 5) == pytest.approx(found.start - options.pre_roll)
     np.testing.assert_array_equal(found.audio, usual.audio)
     t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
@@ -68,3 +69,19 @@ def test_words_start_at_the_speech_not_in_the_pre_roll():
     assert fixed.text == early.text and starting_at(fixed, 2.0) is fixed
     alone = starting_at(Transcript("three", words=(TokenTiming("three", 1.76, 1.82),)), 2.0)
     assert alone.words[0].start == 2.0 and alone.words[0].end == pytest.approx(2.06)
+
+
+def test_a_false_start_before_the_speech_is_not_its_start(demo_speech):
+    """webrtcvad takes the first frames of a noisy stream for speech: 0.5 s of a quiet room (-50 dBFS)
+    before the speech opened the segment at 0 s, and the model heard all 0.5 s. Now the false start is
+    dropped after false_start_silence and the speech opens its own segment, with the usual pre-roll."""
+    first = demo_speech.utterances[0]
+    speech = demo_speech.audio[int((first["start"] - 0.05) * SAMPLE_RATE): int((first["end"] + 0.3) * SAMPLE_RATE)]
+    audio = np.concatenate([np.zeros(SAMPLE_RATE * 2 // 5, np.float32), speech])  # speech from 0.45 s
+    audio += np.random.default_rng(0).standard_normal(len(audio)).astype(np.float32) * 10 ** (-50 / 20)
+    options = SegmenterOptions(partial_interval=0.0)
+    (found,) = segments(audio, options)
+    assert 0.4 <= found.start <= 0.7
+    assert found.audio_start == pytest.approx(found.start - options.pre_roll)
+    with pytest.raises(ValueError, match="false_start_silence"):
+        Segmenter(dataclasses.replace(options, false_start_silence=0.0))
