@@ -56,9 +56,10 @@ def wav(audio: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-async def realtime_text(url: Any, audio: np.ndarray, turn_detection: dict | None) -> str:
+async def realtime_text(url: Any, audio: np.ndarray, turn_detection: dict | None,
+                        started: list | None = None) -> str:
     """`audio` appended to a new Realtime session (16 kHz) as one item, committed by hand without turn
-    detection, else ended by server VAD; its completed transcript."""
+    detection, else ended by server VAD; its completed transcript (`started` collects speech_started events)."""
     uri = f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription"
     async with websockets.connect(uri, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
@@ -72,6 +73,8 @@ async def realtime_text(url: Any, audio: np.ndarray, turn_detection: dict | None
         while True:
             event = json.loads(await asyncio.wait_for(ws.recv(), 60))
             assert event["type"] != "error", event
+            if event["type"] == "input_audio_buffer.speech_started" and started is not None:
+                started.append(event)
             if event["type"] == f"{TRANSCRIPTION}.completed":
                 return event["transcript"]
 
@@ -90,8 +93,11 @@ async def test_every_door_hears_the_speech_not_the_silence(serve_test_server):
                    for a in audios]
         streamed = [" ".join(f.text for f in (await stream(url, a)).finals) for a in audios]
         committed = [await realtime_text(url, a, None) for a in audios]
-        livekit = [await realtime_text(url, a, LIVEKIT_VAD) for a in audios]
+        started: list[dict] = []
+        livekit = [await realtime_text(url, a, LIVEKIT_VAD, started) for a in audios]
     assert committed == uploads and livekit == uploads
+    # What the client asked for keeps its meaning: OpenAI's audio_start_ms includes the prefix padding.
+    assert len(started) == len(audios) and all(1300 <= e["audio_start_ms"] <= 1600 for e in started), started
     assert [words(t) for t in streamed] == [words(t) for t in uploads]
     assert all(uploads)
 
