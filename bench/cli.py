@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m bench model|paraformer|load|failover|train|report`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|load|failover|train|silence|report`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ COMMANDS = {
     "load": ("bench.load", "N concurrent real-time streams against a server: latency and capacity"),
     "failover": ("bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "train": ("bench.train", "seconds per training step of the demo model, fp32 against bf16"),
+    "silence": ("bench.silence", "WER per door (upload, stream, Realtime) and per second of silence before speech"),
     "report": ("bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
 }
 EXIT_FAILED = 1

@@ -11,6 +11,8 @@ rows belong to its prompt, not to the audio.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -124,6 +126,27 @@ def transcript_from_runs(run_ids: np.ndarray, starts: np.ndarray, ends: np.ndarr
         tokens=tuple(pieces),
         words=tuple(merge_words(pieces)),
     )
+
+
+def starting_at(transcript: Transcript, speech_start: float) -> Transcript:
+    """The transcript with no token or word starting before `speech_start`, where the VAD heard the speech
+    begin. The pre-roll before it is context for the model, not speech, yet a CTC model may emit its first
+    token there (the demo model does right after its tags, 0.24 s early with a 0.3 s pre-roll). A token
+    moved to the speech start keeps its length, up to where the next one starts."""
+
+    def clamp(items: tuple[TokenTiming, ...]) -> tuple[TokenTiming, ...]:
+        out = []
+        for i, t in enumerate(items):
+            if t.start < speech_start:
+                following = items[i + 1].start if i + 1 < len(items) else math.inf
+                end = max(t.end, min(speech_start + t.end - t.start, following))
+                t = TokenTiming(t.text, speech_start, round(max(end, speech_start), 6))
+            out.append(t)
+        return tuple(out)
+
+    if all(t.start >= speech_start for t in transcript.tokens + transcript.words):
+        return transcript
+    return dataclasses.replace(transcript, tokens=clamp(transcript.tokens), words=clamp(transcript.words))
 
 
 def _tag_kind(name: str) -> str | None:

@@ -8,7 +8,8 @@ The audio is cut into 30 ms frames (VAD_FRAME) that webrtcvad marks voiced or no
   silent). When `start_frames` of the last `start_window` frames are voiced, a segment opens at the first
   voiced frame of that window, its audio reaching `pre_roll` further back.
 - a segment is *confirmed* once it holds `min_speech` seconds of voiced frames: only then is
-  SpeechStarted sent, so coughs and clicks that end earlier vanish without any event.
+  SpeechStarted sent, so coughs and clicks that end earlier vanish without any event; one that falls
+  silent for `false_start_silence` before that is dropped too (speech after it starts a segment anew).
 - it ends after `end_silence` seconds without a voiced frame; `end` is where the last voiced frame ends,
   and the audio keeps `post_roll` seconds after it.
 - it never grows beyond `max_segment_seconds` of audio: at the limit it is cut after the quietest frame
@@ -38,6 +39,10 @@ class SegmenterOptions:
     end_silence: float = 0.5  # seconds without a voiced frame that end a segment
     post_roll: float = 0.2  # seconds of audio kept after the last voiced frame (at most end_silence)
     min_speech: float = 0.2  # voiced seconds a segment needs before it is announced; shorter ones are dropped
+    # Silence that drops a segment not yet announced (a click, a cough, webrtcvad's first frames of a noisy
+    # stream, which it takes for speech): speech after it opens a segment of its own, so the gap never
+    # reaches the model as leading silence (issue 25).
+    false_start_silence: float = 0.3
     max_segment_seconds: float = 30.0  # the largest audio a segment may hold (the engine's largest container)
     cut_search: float = 3.0  # where to look, back from the limit, for the quietest frame to cut at
     partial_interval: float = 0.5  # seconds of new audio between PartialDue events; 0 disables partials
@@ -54,8 +59,8 @@ def validate_options(options: SegmenterOptions) -> None:
         (isinstance(o.start_frames, int) and 1 <= o.start_frames <= o.start_window,
          f"start_frames must be an integer from 1 to start_window ({o.start_window}), got {o.start_frames!r}"),
     ]
-    for name in ("pre_roll", "end_silence", "post_roll", "min_speech", "max_segment_seconds", "cut_search",
-                 "partial_interval", "partial_window"):
+    for name in ("pre_roll", "end_silence", "post_roll", "min_speech", "false_start_silence", "max_segment_seconds",
+                 "cut_search", "partial_interval", "partial_window"):
         value = getattr(o, name)
         checks.append((isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                        f"{name} must be a finite number >= 0, got {value!r}"))
@@ -64,6 +69,9 @@ def validate_options(options: SegmenterOptions) -> None:
             raise ValueError(message)
     if o.end_silence < FRAME_SECONDS:
         raise ValueError(f"end_silence must be at least one VAD frame ({FRAME_SECONDS} s), got {o.end_silence}")
+    if o.false_start_silence < FRAME_SECONDS:
+        raise ValueError(f"false_start_silence must be at least one VAD frame ({FRAME_SECONDS} s), "
+                         f"got {o.false_start_silence}")
     if o.post_roll > o.end_silence:
         raise ValueError(f"post_roll ({o.post_roll} s) cannot exceed end_silence ({o.end_silence} s)")
     if o.max_segment_seconds < 1.0:
@@ -133,6 +141,7 @@ class Segmenter:
         self._end_frames = frame_count(options.end_silence)
         self._post_frames = int(options.post_roll / FRAME_SECONDS + 1e-9)  # at most post_roll
         self._min_voiced = frame_count(options.min_speech)
+        self._false_start_frames = frame_count(options.false_start_silence)
         self._max_frames = int(options.max_segment_seconds / FRAME_SECONDS + 1e-9)
         self._cut_frames = frame_count(options.cut_search)
         self._partial_frames = frame_count(options.partial_interval) if options.partial_interval > 0 else 0
@@ -219,7 +228,7 @@ class Segmenter:
             self._maybe_confirm(events)
         else:
             self._silence += 1
-            if self._silence >= self._end_frames:
+            if self._silence >= self._end_frames or (not self._confirmed and self._silence >= self._false_start_frames):
                 self._close(events)
                 return
         if self._confirmed and self._partial_frames and self._voiced_since_partial:

@@ -25,6 +25,7 @@ from pipeline.audio import SAMPLE_RATE, AudioFormat
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
+from pipeline.trim import for_model
 
 from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, note_client_address, request_token, token_matches
@@ -262,6 +263,7 @@ class FileTranscription:
 
     def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Segment]:
         future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
+        event = for_model(event, self.app.segmenter_options)
 
         def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
             if future.done():

@@ -31,6 +31,7 @@ from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished, SpeechStarted
 from pipeline.stable_prefix import StablePrefix
 from pipeline.stream import StreamSession
+from pipeline.trim import speech_in
 
 from .http import check_handshake_token, client_address, response
 from .protocol import CLOSE_GOING_AWAY
@@ -217,11 +218,15 @@ class RealtimeConnection(StreamConnection):
             return
         audio = np.concatenate(self._manual + [self._resampler.flush()])
         self._manual = [audio]  # for _restart's time accounting
+        speech = speech_in(audio, self.app.segmenter_options)  # the silence around it is not for the model
+        if speech is None:  # no speech at all: no segment (a commit answers with an empty transcript)
+            return
         limit = int(self.app.segmenter_options.max_segment_seconds * SAMPLE_RATE)
-        for n, i in enumerate(range(0, len(audio), limit)):
-            piece = audio[i:i + limit]
-            start = samples_to_seconds(i)
-            await self._handle([SegmentFinished(n, start, start + samples_to_seconds(len(piece)), piece)])
+        for n, i in enumerate(range(0, len(speech.audio), limit)):
+            piece = speech.audio[i:i + limit]
+            audio_start = speech.audio_start + samples_to_seconds(i)
+            start, end = max(speech.start, audio_start), min(speech.end, audio_start + samples_to_seconds(len(piece)))
+            await self._handle([SegmentFinished(n, start, end, piece, audio_start)])
 
     async def _handle(self, events: list[Any]) -> None:
         """The StreamSession's events, shifted into the session's numbering and time; item events first."""
@@ -234,7 +239,10 @@ class RealtimeConnection(StreamConnection):
             e = dataclasses.replace(e, **fields)
             if isinstance(e, SpeechStarted):
                 self._items[e.segment] = new_id("item")
-                self._put(event("input_audio_buffer.speech_started", audio_start_ms=ms(e.start),
+                # OpenAI's audio_start_ms includes the prefix padding the client asked for (the model
+                # itself hears only the server's pre-roll: pipeline/trim.py).
+                padded = max(self._time_base, e.start - self.config.turn_detection.prefix_padding_ms / 1000)
+                self._put(event("input_audio_buffer.speech_started", audio_start_ms=ms(padded),
                                 item_id=self._items[e.segment]))
             elif isinstance(e, SegmentFinished):
                 item = self._items.setdefault(e.segment, new_id("item"))

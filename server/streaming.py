@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
 from pipeline.segmenter import PartialDue, SegmentFinished
 from pipeline.stream import StreamSession
+from pipeline.trim import for_model
 
 from .http import client_address, token_matches
 from .logs import StreamLog
@@ -321,6 +322,7 @@ class StreamConnection:
         pass
 
     def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
+        event = for_model(event, self.app.segmenter_options)  # the model's pre-roll, not a client's longer one
         job = Job(session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
                   audio_start=event.audio_start, audio=event.audio, arrived=arrived, **self._job_options())
         if kind == PARTIAL:  # the worker keeps one partial per session: the ones it replaced never come back

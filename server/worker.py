@@ -30,6 +30,7 @@ import numpy as np
 
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import Clip
+from pipeline.decoding import starting_at
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 
 from .metrics import Metrics
@@ -213,7 +214,8 @@ class Worker:
 
     def _transcribe(self, jobs: list[Job]) -> list[Any]:
         clips = [Clip(job.audio, job.language, job.itn, job.hotwords) for job in jobs]
-        return self.engine.transcribe_many(clips, [job.audio_start for job in jobs])
+        transcripts = self.engine.transcribe_many(clips, [job.audio_start for job in jobs])
+        return [starting_at(t, job.start) for t, job in zip(transcripts, jobs)]  # words start at the speech
 
     def _one(self, job: Job) -> tuple[Any, UnipadError | None]:
         try:

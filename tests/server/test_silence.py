@@ -1,0 +1,158 @@
+"""Silence around speech never reaches the model, at any door, and word times start at the speech (issue 25).
+
+Real server on 127.0.0.1, the real `openai` client for uploads, raw Realtime events for the modes OpenAI's
+SDK leaves to the caller (`turn_detection: null` with manual commits, `prefix_padding_ms` 600 as LiveKit
+sends it), the FunASR port, the demo fixtures with silence added.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+from typing import Any
+
+import numpy as np
+import soundfile
+import websockets
+from openai_testkit import DEMO, TOKEN, sdk, words
+
+from clients.client import connect
+
+from pipeline.audio import SAMPLE_RATE
+
+TRANSCRIPTION = "conversation.item.input_audio_transcription"
+LEAD, TRAIL = 2.0, 1.0  # seconds of silence added around each fixture
+LIVEKIT_VAD = {"type": "server_vad", "prefix_padding_ms": 600, "silence_duration_ms": 500, "threshold": 0.5}
+
+
+def quiet(seconds: float, seed: int) -> np.ndarray:
+    """A silent room: noise 60 dB below full scale, which the VAD does not take for speech."""
+    return (np.random.default_rng(seed).standard_normal(int(seconds * SAMPLE_RATE)) * 1e-3).astype(np.float32)
+
+
+def padded_clips(count: int) -> list[tuple[np.ndarray, str]]:
+    """The first `count` demo fixtures with LEAD and TRAIL seconds of quiet around them, PCM16-exact."""
+    clips = []
+    for n, entry in enumerate(json.loads((DEMO / "transcripts.json").read_text())[:count]):
+        speech, _ = soundfile.read(DEMO / entry["audio"], dtype="float32")
+        audio = np.concatenate([quiet(LEAD, n), speech, quiet(TRAIL, 100 + n)])
+        clips.append((exact(audio), entry["text"]))
+    return clips
+
+
+def exact(audio: np.ndarray) -> np.ndarray:
+    """`audio` as PCM16 samples read back (k / 32768): every door then decodes the very same samples."""
+    return np.clip(np.round(audio * 32768), -32768, 32767).astype(np.float32) / 32768
+
+
+def pcm16(audio: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(audio * 32768), -32768, 32767).astype("<i2")
+
+
+def wav(audio: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(out, pcm16(audio), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    return out.getvalue()
+
+
+async def realtime_text(url: Any, audio: np.ndarray, turn_detection: dict | None,
+                        started: list | None = None) -> str:
+    """`audio` appended to a new Realtime session (16 kHz) as one item, committed by hand without turn
+    detection, else ended by server VAD; its completed transcript (`started` collects speech_started events)."""
+    uri = f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription"
+    async with websockets.connect(uri, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": turn_detection}}}}))
+        data = pcm16(audio).tobytes()
+        for i in range(0, len(data), SAMPLE_RATE):  # 0.5 s per event
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(data[i:i + SAMPLE_RATE]).decode()}))
+        if turn_detection is None:
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            assert event["type"] != "error", event
+            if event["type"] == "input_audio_buffer.speech_started" and started is not None:
+                started.append(event)
+            if event["type"] == f"{TRANSCRIPTION}.completed":
+                return event["transcript"]
+
+
+async def test_every_door_hears_the_speech_not_the_silence(serve_test_server):
+    """2 s of quiet before and 1 s after each utterance: a Realtime commit without turn detection, Realtime
+    server VAD with LiveKit's 600 ms prefix padding, an upload and our own stream give the model the same
+    audio (the speech with the server's 0.3 s pre-roll), so the same words (bench/silence.py measures the
+    WER of each door on many more recordings). Before, the commit decoded all the silence and the 600 ms padding reached the model,
+    and both added words."""
+    clips = padded_clips(3)
+    audios = [a for a, _ in clips]
+    async with serve_test_server(token=TOKEN) as url:
+        client = sdk(url)
+        uploads = [(await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav(a)))).text
+                   for a in audios]
+        streamed = [" ".join(f.text for f in (await stream(url, a)).finals) for a in audios]
+        committed = [await realtime_text(url, a, None) for a in audios]
+        started: list[dict] = []
+        livekit = [await realtime_text(url, a, LIVEKIT_VAD, started) for a in audios]
+    assert committed == uploads and livekit == uploads
+    # What the client asked for keeps its meaning: OpenAI's audio_start_ms includes the prefix padding.
+    assert len(started) == len(audios) and all(1300 <= e["audio_start_ms"] <= 1600 for e in started), started
+    assert [words(t) for t in streamed] == [words(t) for t in uploads]
+    assert all(uploads)
+
+
+async def test_a_buffer_without_speech_has_an_empty_transcript(serve_test_server):
+    """3 s of digital silence (a muted microphone), and a quiet room with a 100 ms beep: a Realtime commit
+    without turn detection answers an empty transcript, as OpenAI's does, and so does an upload. Before, the
+    commit decoded them whole, and the demo model heard "oh" in the silence and "up" in the beep."""
+    t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
+    beep = quiet(3.0, 7) + np.where((t > 1.0) & (t < 1.1), 0.2 * np.sin(2 * np.pi * 1000 * t), 0).astype(np.float32)
+    buffers = [np.zeros(3 * SAMPLE_RATE, np.float32), exact(beep)]
+    async with serve_test_server(token=TOKEN) as url:
+        uploads = [(await sdk(url).audio.transcriptions.create(model="whisper-1", file=("a.wav", wav(a)))).text
+                   for a in buffers]
+        committed = [await realtime_text(url, a, None) for a in buffers]
+    assert committed == ["", ""] and uploads == ["", ""]
+
+
+async def test_word_times_start_at_the_speech(serve_test_server):
+    """With 1 s of quiet before an utterance, no word starts before the speech the VAD found: in an upload's
+    verbose_json (words and segments), our stream's finals and FunASR's offline timestamps. Before, the
+    first word started in the 0.3 s pre-roll (0.24 s early with the demo model)."""
+    speech, _ = soundfile.read(DEMO / "single_00.wav", dtype="float32")
+    audio = exact(np.concatenate([quiet(1.0, 1), speech, quiet(1.0, 2)]))
+    async with serve_test_server(token=TOKEN, funasr_port=0) as url:
+        verbose = await sdk(url).audio.transcriptions.create(
+            model="whisper-1", file=("a.wav", wav(audio)), response_format="verbose_json",
+            timestamp_granularities=["word", "segment"])
+        funasr = await funasr_offline(url, audio)
+        streamed = await stream(url, audio)
+    assert verbose.segments and verbose.words
+    speech_start = verbose.segments[0].start
+    assert 0.9 <= speech_start <= 1.1  # where the fixture's speech is (its own lead is near 0)
+    assert all(w.start >= speech_start for w in verbose.words), (speech_start, verbose.words)
+    assert streamed.finals and all(t.start >= f.start for f in streamed.finals for t in f.tokens)
+    stamps = json.loads(funasr["timestamp"])
+    assert stamps and stamps[0][0] >= funasr["start_time"] == round(speech_start * 1000)
+
+
+async def stream(url: Any, audio: np.ndarray) -> Any:
+    """`audio` through our own /v1/stream at once, then stop: the client stream, finals received."""
+    async with connect(str(url), token=TOKEN, sample_rate=SAMPLE_RATE) as session:
+        await session.send(pcm16(audio))
+        await session.stop()
+    return session
+
+
+async def funasr_offline(url: Any, audio: np.ndarray) -> dict:
+    """One offline PCM input on the FunASR port; its segment's result."""
+    async with websockets.connect(f"ws://127.0.0.1:{url.server.funasr_port}/", subprotocols=["binary"]) as ws:
+        await ws.send(json.dumps({"mode": "offline", "wav_name": "a", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
+                                  "is_speaking": True, "token": TOKEN}))
+        await ws.send(pcm16(audio).tobytes())
+        await ws.send(json.dumps({"is_speaking": False}))
+        while True:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            if "start_time" in message:
+                return message
