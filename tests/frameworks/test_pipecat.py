@@ -1,0 +1,54 @@
+"""pipecat (1.14) against the server as docs/openai.md says to configure it, so the docs cannot drift.
+
+No transport: pipecat's own test harness (pipecat.tests.utils.run_test) pushes audio frames into the
+services, and pipecat's Silero VAD (VADProcessor) marks the turns, as a transport's VAD would."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pipecat", reason="pipecat-ai is not installed (pip install -e '.[frameworks]')")
+
+from pipecat.audio.vad.silero import SileroVADAnalyzer  # noqa: E402
+from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame  # noqa: E402
+from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
+from pipecat.processors.audio.vad_processor import VADProcessor  # noqa: E402
+from pipecat.services.openai.stt import OpenAIRealtimeSTTService, OpenAISTTService  # noqa: E402
+from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
+
+from frameworks_testkit import FRAME_MS, expected_words, pcm_frames  # noqa: E402
+from openai_testkit import TOKEN, words  # noqa: E402
+
+
+async def transcribe(service: Any) -> list[str]:
+    """The speech recording's frames through pipecat's VAD and `service`; the TranscriptionFrames' texts."""
+    frames: list[Any] = [InputAudioRawFrame(audio=chunk, sample_rate=16000, num_channels=1)
+                         for chunk in pcm_frames()]
+    # real-time pace is not needed, but the last turn's answer must come back before the EndFrame
+    paced = [item for frame in frames for item in (frame, SleepFrame(sleep=FRAME_MS / 4000))]
+    down, _ = await run_test(Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), service]),
+                             frames_to_send=paced + [SleepFrame(sleep=4.0)], start_timeout=10.0)
+    return [frame.text for frame in down if isinstance(frame, TranscriptionFrame)]
+
+
+async def test_realtime_service_default_mode(serve_test_server, test_model_dir):
+    """OpenAIRealtimeSTTService with base_url ws://HOST:PORT/v1/realtime, its default mode: turn_detection
+    off, pipecat's VAD commits each turn; one transcript per turn."""
+    async with serve_test_server(token=TOKEN) as url:
+        service = OpenAIRealtimeSTTService(api_key=TOKEN, base_url=f"ws://127.0.0.1:{url.port}/v1/realtime",
+                                           model="gpt-4o-transcribe")
+        texts = await transcribe(service)
+    assert len(texts) == 3 and all(t.strip() for t in texts), texts
+    if expected_words(test_model_dir):
+        assert words(" ".join(texts)) == expected_words(test_model_dir), texts
+
+
+async def test_file_per_segment_service(serve_test_server, test_model_dir):
+    """OpenAISTTService with the http base URL: each VAD segment is uploaded as a file."""
+    async with serve_test_server(token=TOKEN) as url:
+        service = OpenAISTTService(api_key=TOKEN, base_url=f"{url.http}/v1", model="whisper-1")
+        texts = await transcribe(service)
+    assert len(texts) == 3 and all(t.strip() for t in texts), texts
+    if expected_words(test_model_dir):
+        assert words(" ".join(texts)) == expected_words(test_model_dir), texts
