@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m bench model|paraformer|load|failover|train|silence|report`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|load|failover|train|silence|frameworks|report`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ COMMANDS = {
     "failover": ("bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "train": ("bench.train", "seconds per training step of the demo model, fp32 against bf16"),
     "silence": ("bench.silence", "WER per door (upload, stream, Realtime) and per second of silence before speech"),
+    "frameworks": ("bench.frameworks", "WER per door with pipecat's and LiveKit's own clients beside upload and Realtime"),
     "report": ("bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
 }
 EXIT_FAILED = 1

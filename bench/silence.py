@@ -223,11 +223,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(result: dict[str, Any], silences: tuple[float, ...]) -> None:
+def report(result: dict[str, Any], silences: tuple[float, ...], doors: tuple[str, ...] = DOORS) -> None:
     say(f"\nWER by door and leading silence ({result['utterances']} recordings, {result['precision']}; "
         f"{result['machine']['cpu']}, {result['machine']['date']})")
-    say("| silence | " + " | ".join(DOORS) + " |")
-    say("|---" * (len(DOORS) + 1) + "|")
+    say("| silence | " + " | ".join(doors) + " |")
+    say("|---" * (len(doors) + 1) + "|")
     for silence in silences:
         row = result["wer"][f"{silence:g}"]
-        say(f"| {silence:g} s | " + " | ".join(f"{row[d]['wer']:.2%}" for d in DOORS) + " |")
+        say(f"| {silence:g} s | " + " | ".join(f"{row[d]['wer']:.2%}" for d in doors) + " |")

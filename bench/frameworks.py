@@ -1,0 +1,142 @@
+"""`python -m bench frameworks`: WER per door, with pipecat's and LiveKit's own clients (issue 25 point 4).
+
+The recordings are the demo model's held-out espeak-ng set (bench/silence.py renders them, with each
+leading silence of --silences, 0.5 s by default). They go through one server we start:
+
+    upload           POST /v1/audio/transcriptions, one recording at a time
+    realtime-null    OpenAI Realtime, turn_detection null, one commit per recording (bench/silence.py)
+    realtime-600     OpenAI Realtime, server VAD with prefix_padding_ms 600 (LiveKit's default), then a commit
+    pipecat          pipecat's OpenAIRealtimeSTTService in its default mode: its Silero VAD commits each turn
+    livekit          livekit-plugins-openai's STT with use_realtime=True (its server VAD, prefix 600 ms)
+
+The framework doors hear the recordings one after another in one session (20 ms frames at 4x real time,
+as docs/openai.md configures them), so WER is counted over the joined texts, for every door alike.
+The issue's bar: each door within 1 WER point of upload.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.audio import SAMPLE_RATE
+
+from .common import command_line, emit, machine, say
+from .serverproc import ServerProcess
+from . import silence
+from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
+
+DOORS = ("upload", "realtime-null", "realtime-600", "pipecat", "livekit")
+FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
+PACE = 4.0  # frames go out this many times faster than real time
+GAP = 1.0  # seconds of silence after each recording (a turn ends)
+QUIET = 5.0  # seconds without a new transcript after the last frame: the session is done
+
+
+def frames(audio: list[np.ndarray]) -> list[bytes]:
+    """Every recording, each followed by GAP s of silence, as 20 ms PCM16 frames."""
+    gap = np.zeros(int(GAP * SAMPLE_RATE), np.float32)
+    data = pcm16(np.concatenate([x for a in audio for x in (a, gap)]))
+    step = FRAME * 2
+    return [data[i:i + step] for i in range(0, len(data) - step + 1, step)]
+
+
+async def pipecat_text(port: int, audio: list[np.ndarray]) -> str:
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.processors.audio.vad_processor import VADProcessor
+    from pipecat.services.openai.stt import OpenAIRealtimeSTTService
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    service = OpenAIRealtimeSTTService(api_key="bench", base_url=f"ws://127.0.0.1:{port}/v1/realtime",
+                                       model="gpt-4o-transcribe")
+    sent: list[Any] = []
+    for chunk in frames(audio):
+        sent += [InputAudioRawFrame(audio=chunk, sample_rate=SAMPLE_RATE, num_channels=1),
+                 SleepFrame(sleep=0.02 / PACE)]
+    down, _ = await run_test(Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), service]),
+                             frames_to_send=sent + [SleepFrame(sleep=QUIET)], start_timeout=30.0)
+    return " ".join(f.text for f in down if isinstance(f, TranscriptionFrame))
+
+
+async def livekit_text(port: int, audio: list[np.ndarray]) -> str:
+    from livekit import rtc
+    from livekit.agents import stt as agents_stt
+    from livekit.agents import utils
+    from livekit.plugins import openai as lk_openai
+
+    finals: list[str] = []
+    async with utils.http_context.open():
+        stt = lk_openai.STT(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", model="gpt-4o-transcribe",
+                            use_realtime=True)
+        stream = stt.stream()
+
+        async def read() -> None:
+            async for event in stream:
+                if event.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT:
+                    finals.append(event.alternatives[0].text)
+
+        reader = asyncio.ensure_future(read())
+        for chunk in frames(audio):
+            stream.push_frame(rtc.AudioFrame(chunk, sample_rate=SAMPLE_RATE, num_channels=1,
+                                             samples_per_channel=FRAME))
+            await asyncio.sleep(0.02 / PACE)
+        stream.end_input()
+        heard = -1
+        while heard != len(finals):  # until QUIET s pass with no new transcript
+            heard = len(finals)
+            await asyncio.sleep(QUIET)
+        await stream.aclose()
+        reader.cancel()
+    return " ".join(finals)
+
+
+async def through_doors(port: int, audio: list[np.ndarray]) -> dict[str, str]:
+    """The joined texts of the recordings at each door."""
+    out = {"upload": " ".join([await upload_text(port, a) for a in audio])}
+    for door, vad in (("realtime-null", None), ("realtime-600", LIVEKIT_VAD)):
+        async with Realtime(port, vad) as session:
+            out[door] = " ".join([await session.text(a) for a in audio])
+    out["pipecat"] = await pipecat_text(port, audio)
+    out["livekit"] = await livekit_text(port, audio)
+    return out
+
+
+def wer(reference: str, hypothesis: str) -> dict[str, Any]:
+    from export.evaluate import normalize, word_errors
+
+    errors, words = word_errors(reference, hypothesis), len(normalize(reference))
+    return {"wer": round(errors / max(1, words), 4), "errors": errors, "words": words}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    silence.add_arguments(parser)  # the same recordings and server settings as `python -m bench silence`
+    parser.set_defaults(utterances=40, silences="0.5")
+
+
+def run(args: argparse.Namespace) -> int:
+    silences = tuple(float(s) for s in args.silences.split(","))
+    if args.utterances < 1 or any(s < 0 for s in silences):
+        raise ValueError("--utterances must be at least 1 and --silences at least 0")
+    say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences")
+    texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers)
+    server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.0, precision=args.precision,
+                                     threads=args.threads, containers=None, server_log=args.server_log)
+    server = ServerProcess(server_args, max_sessions=4)
+    result: dict[str, Any] = {"command": command_line(), "machine": machine(), "model": str(args.model),
+                              "precision": args.precision, "utterances": args.utterances, "wer": {}}
+    try:
+        asyncio.run(server.wait_ready(300))
+        for lead in silences:
+            say(f"silence {lead:g} s: upload, Realtime, pipecat, LiveKit")
+            hypotheses = asyncio.run(through_doors(server.port, audio[lead]))
+            result["wer"][f"{lead:g}"] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
+    finally:
+        server.stop()
+    silence.report(result, silences, DOORS)
+    emit(result, args.save)
+    return 0
