@@ -20,6 +20,9 @@ DEFAULT_GPU_CONTAINERS: tuple[float, ...] = (30.0,)
 # Measured (docs/benchmarks.md): a 1.5-2 s utterance or partial costs half in a 2 s container what it
 # costs in a 4 s one, and the finer ladder doubled the streams one CPU carries.
 DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+# Token containers of a Paraformer's decoder (pipeline/paraformer_stages.py): the CIF count picks the
+# smallest that holds it; each audio container adds its own frames + 1, which holds any count.
+DEFAULT_TOKEN_CONTAINERS: tuple[int, ...] = (16, 32, 64, 128, 256)
 MAX_CONTAINER_SECONDS = 60.0  # a sanity bound for CLI input; the segmenter caps segments at 30 s
 
 
@@ -86,3 +89,11 @@ def parse_containers(text: str) -> tuple[float, ...]:
 
 def format_containers(containers: tuple[float, ...]) -> str:
     return ",".join(f"{c:g}" for c in containers)
+
+
+def token_containers(frames: int, ladder: tuple[int, ...] = DEFAULT_TOKEN_CONTAINERS) -> tuple[int, ...]:
+    """The token containers of an audio container of `frames` encoder frames: the ladder's rungs below
+    frames + 1, then frames + 1 (CIF fires at most once per frame, plus the tail frame)."""
+    top = frames + 1
+    return tuple(k for k in sorted(ladder) if k < top) + (top,)
+

@@ -9,7 +9,7 @@ import sys
 
 COMMANDS = {
     "model": ("server.bench.model", "time one inference per container and per shape policy (and the peer)"),
-    "paraformer": ("server.bench.paraformer", "one Paraformer inference in the 30 s container, ours against FunASR's export"),
+    "paraformer": ("server.bench.paraformer", "one Paraformer inference (the serving path), ours against FunASR's export"),
     "load": ("server.bench.load", "N concurrent real-time streams against a server: latency and capacity"),
     "failover": ("server.bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "report": ("server.bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
