@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.audio import encoder_frames
+from pipeline.engine_options import default_token_containers
 from pipeline.modeldir import DECODER_FREE_DIMENSIONS, PARAFORMER_ENCODER_OUTPUT_NAMES, ModelDirectory
 from pipeline.paraformer_stages import DecoderGrid, decoder_feed
 from pipeline.shapes import token_containers
@@ -29,13 +30,14 @@ class Stages:
     def __init__(self, directory: ModelDirectory, precision: str, container_samples: int, device: str) -> None:
         self.paths = directory.onnx_path(precision), directory.onnx_path(precision, decoder=True)
         self.frames = encoder_frames(container_samples)
-        self.token_containers = token_containers(self.frames)
+        self.token_containers = token_containers(self.frames, default_token_containers(device))
         self.histograms = [op_histogram(path) for path in self.paths]  # first: names a damaged file in one line
         self.encoder_alone = make_session(self.paths[0], None, device)
         self.encoder_padded = make_session(self.paths[0], container_samples, device)
         self.decoder_alone = make_session(self.paths[1], None, device)
-        self.decoders = {k: make_session(self.paths[1], None, device, overrides=self.overrides(k))
-                         for k in self.token_containers}
+        # As the engine runs them: on the CPU one session serves every token container (sessions.runner_on)
+        self.decoders = {k: self.decoder_alone if device == "cpu" else
+                         make_session(self.paths[1], None, device, overrides=self.overrides(k)) for k in self.token_containers}
 
     def overrides(self, tokens: int) -> dict[str, int]:
         return dict(zip(DECODER_FREE_DIMENSIONS, (1, self.frames, tokens)))

@@ -43,12 +43,13 @@ from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
-from .engine_options import PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision, default_containers
+from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision, default_containers,
+                             default_token_containers)
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
 from .providers import PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure, provider_config
-from .sessions import create_session, load_shared_weights, process_rss, release_free_memory
+from .sessions import create_session, load_shared_weights, process_rss, release_free_memory, runner_on
 from .shapes import ShapePolicy
 
 __all__ = ["PRECISION_CHOICES", "WARMUP_FILL", "Engine", "EngineOptions", "EngineStats", "choose_precision",
@@ -126,13 +127,15 @@ class Engine:
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
-        policy = ShapePolicy(self.options.containers or default_containers(device))
+        policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
         # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
         batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
                                  self.options.allow_tf32, self.options.dml_performance_preference)
         grid = [(b, size) for size in policy.sizes for b in batch_sizes]
-        if self.options.share_weights and device == "cpu" and len(grid) > 1:
+        # A Paraformer on the CPU: one prepacked session per graph serves the grid (sessions.runner_on).
+        one_session = self.paraformer and self.options.share_weights and device == "cpu"
+        if self.options.share_weights and device == "cpu" and len(grid) > 1 and not one_session:
             self._shared = load_shared_weights(path)
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
 
@@ -144,7 +147,11 @@ class Engine:
             return runner
 
         try:
-            sessions = {key: create(*key) for key in grid}
+            if one_session:
+                base = create(1, 0)
+                sessions = {key: runner_on(base, *key) for key in grid}
+            else:
+                sessions = {key: create(*key) for key in grid}
         except ModelLoadError:
             if not self._shared:
                 raise
@@ -153,9 +160,8 @@ class Engine:
             sessions = {key: create(*key) for key in grid}
         if self.paraformer:
             self._decoder = DecoderGrid.build(self.model.onnx_path(precision, decoder=True), policy.sizes,
-                                              self.options.token_containers, config, self.options.threads,
-                                              self.options.share_weights and device == "cpu", self.options.device_id or 0)
-            self.stats.shared_weight_bytes += self._decoder.shared_bytes
+                                              self.options.token_containers or default_token_containers(device),
+                                              config, self.options.threads, one_session, self.options.device_id or 0)
         self._sessions, self.policy, self.batch_sizes = sessions, policy, batch_sizes
         self.device, self.provider, self.precision = device, config.provider, precision
         first = next(iter(sessions.values()))
@@ -164,7 +170,7 @@ class Engine:
                  path.name, ",".join(f"{c:g}" for c in policy.containers), ",".join(map(str, batch_sizes)),
                  "decoding in the graph" if self.in_graph_decoding else "decoding on the host",
                  f"{self.stats.shared_weight_bytes / 2**20:.0f} MiB of weights shared" if self._shared
-                 else "weights per session")
+                 else "one session per graph" if one_session else "weights per session")
 
     def warm_up(self) -> None:
         """Run each session once with exactly its shape; afterwards the engine is ready."""
@@ -185,7 +191,7 @@ class Engine:
     def _note_rss(self, batch: int, size: int, before: int | None) -> None:
         """Add the resident memory grown since `before` to the session's figure (host memory only: a GPU
         session's device memory does not show here)."""
-        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s"
+        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
         if before is not None and after is not None:
             self.stats.session_rss[key] = self.stats.session_rss.get(key, 0) + after - before
 

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 from .batching import validate_batch_sizes
 from .providers import DEVICES
-from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
+from .shapes import (DEFAULT_CPU_CONTAINERS, DEFAULT_CPU_TOKEN_CONTAINERS, DEFAULT_GPU_CONTAINERS,
+                     DEFAULT_PARAFORMER_CPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, ShapePolicy)
 
 PRECISION_CHOICES = ("auto", "fp32", "int8", "fp16")
 
@@ -21,8 +22,9 @@ class EngineOptions:
     cuda_graph: bool = False  # CUDA only: capture each session's graph once and replay it (IO binding)
     allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
     dml_performance_preference: str = "high_performance"
-    share_weights: bool = True  # one copy of the weights for all CPU sessions
-    # A Paraformer decoder's token containers; None: pipeline/shapes.py's DEFAULT_TOKEN_CONTAINERS
+    # One copy of the weights for all CPU sessions (a Paraformer: one prepacked session per graph)
+    share_weights: bool = True
+    # A Paraformer decoder's token containers; None: the device's default (pipeline/shapes.py)
     token_containers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -69,5 +71,11 @@ def choose_precision(requested: str, device: str, available: dict) -> str:
     return preferred if preferred in available else "fp32"
 
 
-def default_containers(device: str) -> tuple[float, ...]:
-    return DEFAULT_CPU_CONTAINERS if device == "cpu" else DEFAULT_GPU_CONTAINERS
+def default_containers(device: str, architecture: str = "sensevoice") -> tuple[float, ...]:
+    if device != "cpu":
+        return DEFAULT_GPU_CONTAINERS
+    return DEFAULT_PARAFORMER_CPU_CONTAINERS if architecture == "paraformer" else DEFAULT_CPU_CONTAINERS
+
+
+def default_token_containers(device: str) -> tuple[int, ...]:
+    return DEFAULT_CPU_TOKEN_CONTAINERS if device == "cpu" else DEFAULT_TOKEN_CONTAINERS

@@ -15,7 +15,7 @@ clip in a large container used to run the decoder on frames + 1 rows (501 for 30
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -25,8 +25,8 @@ from .audio import encoder_frames, samples_to_seconds
 from .modeldir import PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
 from .paraformer_decoding import ParaformerOutput
 from .providers import ProviderConfig, SessionRunner
-from .sessions import SharedWeights, create_session, load_shared_weights
-from .shapes import DEFAULT_TOKEN_CONTAINERS, token_containers
+from .sessions import create_session, runner_on
+from .shapes import token_containers
 
 log = logging.getLogger(__name__)
 
@@ -48,27 +48,26 @@ def container_for(count: int, containers: tuple[int, ...]) -> int:
 
 @dataclass
 class DecoderGrid:
-    """Stage two's sessions and the weights they share (which must outlive them)."""
+    """Stage two's runners."""
 
     sessions: dict[Key, SessionRunner]
-    shared: SharedWeights = field(default_factory=dict)
 
     @classmethod
-    def build(cls, path: Path, sizes: tuple[int, ...], ladder: tuple[int, ...] | None, config: ProviderConfig,
-              threads: int, share: bool, device_id: int) -> DecoderGrid:
-        """Create a session for every (container, token container) pair; ModelLoadError/ProviderError."""
-        keys = [(size, k) for size in sizes for k in token_containers(encoder_frames(size), ladder or DEFAULT_TOKEN_CONTAINERS)]
-        shared = load_shared_weights(path) if share and len(keys) > 1 else {}
-        sessions = {(size, k): create_session(path, 1, size, config, threads, shared, device_id, "paraformer", tokens=k)
-                    for size, k in keys}
-        log.info("paraformer decoder: %d sessions (token containers %s)", len(sessions),
+    def build(cls, path: Path, sizes: tuple[int, ...], ladder: tuple[int, ...], config: ProviderConfig,
+              threads: int, one_session: bool, device_id: int) -> DecoderGrid:
+        """A runner for every (container, token container) pair: on one session (the CPU, see
+        sessions.runner_on) or one session each; ModelLoadError/ProviderError."""
+        keys = [(size, k) for size in sizes for k in token_containers(encoder_frames(size), ladder)]
+        if one_session:
+            base = create_session(path, 1, 0, config, threads, {}, device_id, "paraformer", tokens=1)
+            sessions = {(size, k): runner_on(base, 1, size) for size, k in keys}
+        else:
+            sessions = {(size, k): create_session(path, 1, size, config, threads, {}, device_id, "paraformer", tokens=k)
+                        for size, k in keys}
+        log.info("paraformer decoder: %d shapes (token containers %s)", len(sessions),
                  "; ".join(f"{samples_to_seconds(size):g} s: {','.join(str(k) for s, k in sessions if s == size)}"
                            for size in sizes))
-        return cls(sessions, shared)
-
-    @property
-    def shared_bytes(self) -> int:
-        return sum(a.nbytes for a, _ in self.shared.values())
+        return cls(sessions)
 
     @property
     def warmed(self) -> bool:
@@ -86,13 +85,15 @@ class DecoderGrid:
     def warm_up(self, run: RunSession, fill: float) -> None:
         """Run each session once with exactly its shape: `fill` of the container's frames valid, every
         token row counted."""
+        memory, lengths, embeddings, counts = PARAFORMER_DECODER_INPUT_NAMES
         for (size, tokens), runner in self.sessions.items():
             frames = encoder_frames(size)
-            first = {name: np.zeros([d for d in shape], dtype=runner.dtypes[name])
-                     for name, shape in ((i.name, i.shape) for i in runner.session.get_inputs())}
-            first[PARAFORMER_DECODER_INPUT_NAMES[1]][:] = max(1, int(frames * fill))
-            first[PARAFORMER_DECODER_INPUT_NAMES[3]][:] = tokens
-            run(runner, first, PARAFORMER_DECODER_OUTPUT_NAMES, warming=True)
+            width = next(i.shape[-1] for i in runner.session.get_inputs() if i.name == memory)  # the model width
+            feed = {memory: np.zeros((1, frames, width), runner.dtypes[memory]),
+                    lengths: np.array([max(1, int(frames * fill))], np.int32),
+                    embeddings: np.zeros((1, tokens, width), runner.dtypes[embeddings]),
+                    counts: np.array([tokens], np.int32)}
+            run(runner, feed, PARAFORMER_DECODER_OUTPUT_NAMES, warming=True)
             runner.warmed = True
 
     @staticmethod

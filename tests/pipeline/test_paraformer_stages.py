@@ -12,7 +12,7 @@ from pipeline.batching import Clip
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import UnwarmedShapeError
 from pipeline.paraformer_stages import container_for
-from pipeline.shapes import token_containers
+from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS, token_containers
 
 CONTAINERS = (2.0, 8.0)
 LENGTHS = (0.5, 1.7, 2.0, 4.4, 8.0)
@@ -37,8 +37,11 @@ def test_every_decoder_session_is_warmed_and_the_output_does_not_change(engines)
     precision, engine, every_row = engines
     sessions = engine._decoder.sessions
     expected = {(seconds_to_samples(c), k) for c in CONTAINERS
-                for k in token_containers(encoder_frames(seconds_to_samples(c)))}
+                for k in token_containers(encoder_frames(seconds_to_samples(c)), DEFAULT_CPU_TOKEN_CONTAINERS)}
     assert set(sessions) == expected and engine.ready and all(s.warmed for s in sessions.values())
+    # On the CPU one prepacked session per graph serves every shape (each shape warmed through its runner).
+    assert len({id(s.session) for s in sessions.values()}) == 1
+    assert len({id(s.session) for s in engine._sessions.values()}) == 1
     assert set(every_row._decoder.sessions) == {(seconds_to_samples(c), encoder_frames(seconds_to_samples(c)) + 1)
                                                 for c in CONTAINERS}
     counts = []
@@ -53,7 +56,7 @@ def test_every_decoder_session_is_warmed_and_the_output_does_not_change(engines)
         else:
             np.testing.assert_allclose(ours.token_logprobs, reference.token_logprobs, atol=1e-5)
         assert engine.transcribe(audio).text == every_row.transcribe(audio).text
-    assert min(counts) < 16 < max(counts)  # clips on the first rung and on larger ones
+    assert min(counts) < 8 < 16 < max(counts)  # clips on the first rung and on larger ones
     assert engine.stats.unwarmed_calls == 0 and engine.stats.failures == 0
     assert engine.stats.calls == 4 * len(LENGTHS)  # two stages per clip, per infer and per transcribe
 
@@ -68,3 +71,12 @@ def test_an_unwarmed_decoder_shape_is_refused_and_counted(engines) -> None:
     finally:
         session.warmed = True
     assert engine.stats.unwarmed_calls == 1
+
+
+def test_without_shared_weights_every_shape_has_its_own_session(paraformer_model_dir) -> None:
+    engine = Engine(paraformer_model_dir, EngineOptions(precision="int8", containers=(2.0,), share_weights=False,
+                                                        token_containers=(8, 16))).load()
+    assert set(engine._decoder.sessions) == {(32000, 8), (32000, 16), (32000, 34)}
+    assert len({id(s.session) for s in engine._decoder.sessions.values()}) == 3
+    audio = deterministic_waveform(1.5, seed=3)
+    assert engine.transcribe(audio).text and engine.stats.unwarmed_calls == 0
