@@ -1,16 +1,19 @@
 """A Paraformer on fixed shapes in two stages, so that the decoder's cost follows the tokens, not the frames.
 
-    stage one   encoder + CIF (the manifest's `files`): the engine's grid, one session per audio container
-    stage two   the decoder (`decoder_files`): one session per (audio container, token container), created
+    stage one   encoder + CIF (the manifest's `files`): the engine's grid, one shape per audio container
+    stage two   the decoder (`decoder_files`): one shape per (audio container, token container), created
                 and warmed with stage one. Stage one's CIF count picks the smallest token container K that
-                holds it (pipeline/shapes.py: 16, 32, 64, 128, 256 and the container's frames + 1, which
-                holds any count); the decoder runs on the first K rows of the token embeddings (rows past
-                the count are zero) against that container's encoder output.
+                holds it (pipeline/shapes.py: GPUs 16, 32, 64, 128, 256; the CPU 8 ... 448 in steps of at
+                most 1.25x; and always the container's frames + 1, which holds any count); the decoder
+                runs on the first K rows of the token embeddings (rows past the count are zero) against
+                that container's encoder output.
+    sessions    on GPUs a session per shape; on the CPU one session per graph serves every shape, each
+                shape warmed through its own runner (pipeline/sessions.py runner_on)
 
 Every decoder row depends only on its own embedding, the encoder output and the FSMN window over the
 masked rows, so K changes no valid row: fp32 within float rounding of the old single graph, int8
-bit-identical between token containers (`python -m export verify` checks every pair it serves). A short
-clip in a large container used to run the decoder on frames + 1 rows (501 for 30 s); now on 16-64.
+bit-identical between token containers (`python -m export verify` checks every one it serves). A short
+clip in a 30 s container used to run the decoder on 501 rows; now on the next rung above its count.
 """
 from __future__ import annotations
 

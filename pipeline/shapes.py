@@ -26,9 +26,11 @@ DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0,
                                                         25.0, 30.0)
 # Token containers of a Paraformer's decoder (pipeline/paraformer_stages.py): the CIF count picks the
 # smallest that holds it; each audio container adds its own frames + 1, which holds any count. GPUs hold
-# a session (and its weights) per token container, so their ladder is coarse; the CPU's steps by 1.5x.
+# a session (and its weights) per token container, so their ladder is coarse; the CPU's rungs cost only
+# their warm-up, so it steps by at most 1.25x (the decoder is about a fifth of a clip's time).
 DEFAULT_TOKEN_CONTAINERS: tuple[int, ...] = (16, 32, 64, 128, 256)
-DEFAULT_CPU_TOKEN_CONTAINERS: tuple[int, ...] = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
+DEFAULT_CPU_TOKEN_CONTAINERS: tuple[int, ...] = (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                                                 160, 192, 224, 256, 320, 384, 448)
 MAX_CONTAINER_SECONDS = 60.0  # a sanity bound for CLI input; the segmenter caps segments at 30 s
 
 

@@ -25,6 +25,7 @@ from pipeline.engine import Engine
 from pipeline.errors import ModelLoadError
 from pipeline.modeldir import read_model_directory
 from pipeline.paraformer_decoding import decode_paraformer
+from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS
 from server.cli import main as cli_main
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer"
@@ -62,7 +63,7 @@ def test_verify_passes(paraformer_model_dir: Path, capsys: pytest.CaptureFixture
     for results in report["precisions"].values():
         for result in results.values():
             served = [int(k) for k in result["token_containers"]]
-            assert served == [k for k in (8, 12, 16, 24, 32, 48, 64, 96, 128, 134) if k >= result["tokens"]]
+            assert served == [k for k in DEFAULT_CPU_TOKEN_CONTAINERS[:17] + (134,) if k >= result["tokens"]]
             assert result["token_containers_identical"]
 
 
