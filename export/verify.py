@@ -4,8 +4,9 @@ operators and static shapes of a model directory, on the provider that will serv
 For each test length, the audio is run once alone at its own length and once placed in the container
 (padding invariance), and once as row 0 of a batch of BATCH_ROWS whose other rows hold other clips,
 against the same container at batch 1 (batch invariance); the valid log-prob frames must agree (for
-Paraformer: the tokens, their log-probs and the CIF outputs, export/verify_paraformer.py; no batch
-check, Paraformer serves one clip per call). Bounds per precision:
+Paraformer: both graphs, the decoder on every token container the device serves, the tokens, their
+log-probs and the CIF outputs, int8 identical across token containers, export/verify_paraformer.py; no
+batch check, Paraformer serves one clip per call). Bounds per precision:
     fp32   error 1e-5 scaled by the log-prob's size (max |a - b| / max(1, |a|)), cosine >= 0.999999,
            greedy tokens equal (on CUDA with TF32 off, which the engine's default is: TF32 gave 1.7e-3 and
            moved 1.1 % of the argmaxes on an H100). Scaled, because float32 resolves a log-prob of -24
