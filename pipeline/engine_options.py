@@ -22,7 +22,8 @@ class EngineOptions:
     cuda_graph: bool = False  # CUDA only: capture each session's graph once and replay it (IO binding)
     allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
     dml_performance_preference: str = "high_performance"
-    # One copy of the weights for all CPU sessions (a Paraformer: one prepacked session per graph)
+    # One copy of the weights for all CPU sessions (a Paraformer: one prepacked session per graph; without,
+    # a session per shape, each with its weights: hundreds with a Paraformer's default CPU ladders)
     share_weights: bool = True
     # A Paraformer decoder's token containers; None: the device's default (pipeline/shapes.py)
     token_containers: tuple[int, ...] | None = None

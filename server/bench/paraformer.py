@@ -38,7 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", default=",".join(f"{x:g}" for x in DEFAULT_LENGTHS), help="clip seconds")
     parser.add_argument("--containers", type=parse_containers, help="audio containers, seconds (default: the CPU's)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    parser.add_argument("--no-share", action="store_true", help="one copy of the weights per session (prepacked)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--save", type=Path, help="also write the JSON here")
@@ -70,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
     result = {"machine": machine(), "command": command_line(), "model": directory.manifest.name,
               "dimensions": directory.manifest.dimensions, "precisions": {}}
     for precision in [p.strip() for p in args.precision.split(",") if p.strip()]:
-        engine = Engine(args.model, EngineOptions(device="cpu", precision=precision, containers=args.containers, share_weights=not args.no_share,
+        engine = Engine(args.model, EngineOptions(device="cpu", precision=precision, containers=args.containers,
                                                   threads=args.threads)).load()
         stats = engine.stats
-        part: dict = {"containers": list(engine.containers), "decoder_sessions": len(engine._decoder.sessions),
+        part: dict = {"containers": list(engine.containers), "decoder_shapes": len(engine._decoder.sessions),
                       "load_seconds": round(stats.load_seconds, 2),
                       "rss_mib": round(((stats.rss_after_load or 0) - (stats.rss_before_load or 0)) / 2**20, 1),
                       "ours": {}, "peer": {}, "ratio": {}, "tokens": {}}
-        say(f"[{precision}] engine: containers {part['containers']} s, {part['decoder_sessions']} decoder sessions, "
+        say(f"[{precision}] engine: containers {part['containers']} s, {part['decoder_shapes']} decoder shapes, "
             f"loaded and warmed in {part['load_seconds']} s, {part['rss_mib']} MiB resident memory added")
         peer = PeerModel(args.peer, precision, plain_options(args.threads), ["CPUExecutionProvider"]) if args.peer else None
         for seconds in lengths:
