@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,verify,add-decoding,train-demo,eval,eval-hotwords,bench-train} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,verify,add-decoding,train-demo,eval,eval-hotwords} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,6 @@ COMMANDS = {
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
     "eval-hotwords": ("export.hotword_eval", "WER and hotword recall with and without hotwords; beam search time"),
-    "bench-train": ("export.train_bench", "seconds per training step of the demo model, fp32 against bf16"),
 }
 
 

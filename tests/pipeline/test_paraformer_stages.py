@@ -81,17 +81,3 @@ def test_without_shared_weights_every_shape_has_its_own_session(paraformer_model
     audio = deterministic_waveform(1.5, seed=3)
     assert engine.transcribe(audio).text and engine.stats.unwarmed_calls == 0
 
-
-def test_the_paraformer_bench_times_the_serving_path(paraformer_model_dir, capsys) -> None:
-    """`python -m server.bench paraformer` builds the engine as the server does and reports its shapes."""
-    import json
-
-    from server.bench.cli import main
-
-    argv = ["paraformer", str(paraformer_model_dir), "--precision", "int8", "--lengths", "0.5,3",
-            "--containers", "1,4", "--repeats", "1"]
-    assert main(argv) == 0
-    part = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["precisions"]["int8"]
-    frames = [encoder_frames(seconds_to_samples(c)) for c in (1.0, 4.0)]
-    assert part["decoder_shapes"] == sum(len(token_containers(f, DEFAULT_CPU_TOKEN_CONTAINERS)) for f in frames)
-    assert part["unwarmed_calls"] == 0 and set(part["ours"]) == {"0.5", "3"} and part["tokens"]["3"] > 0

@@ -1,12 +1,12 @@
-"""`python -m server.bench paraformer DIR [--peer PEER]`: one Paraformer inference on the CPU, ours (the serving
+"""`python -m bench paraformer DIR [--peer PEER]`: one Paraformer inference on the CPU, ours (the serving
 path) against FunASR's own export, interleaved so that the machine's load touches both alike.
 
   * ours   the engine as the server builds it (pipeline/engine.py): the audio container ladder, then the
            decoder on the token container that holds the CIF count (pipeline/paraformer_stages.py), every
            session warmed at load; fed clips of each --lengths, raw audio in, token ids and times out;
-  * peer   with --peer DIR (server/bench/make_paraformer_peer.py): FunASR's Paraformer export of the
+  * peer   with --peer DIR (bench/make_paraformer_peer.py): FunASR's Paraformer export of the
            same weights run as funasr_onnx's Paraformer runs it: kaldi-native-fbank, LFR and CMVN in
-           Python (server/bench/peer.py), one dynamic-shape run at the clip's exact length, then the
+           Python (bench/peer.py), one dynamic-shape run at the clip's exact length, then the
            greedy argmax over the decoder's log-probs in numpy; `ratio` = ours / the peer's.
 Each repeat times ours, then the peer, on the same clip. Tables go to stderr; the last stdout line is one
 JSON object with every figure (the engine's containers, token containers, load time and memory included).
@@ -33,7 +33,7 @@ DEFAULT_LENGTHS = (1.0, 2.0, 5.0, 10.0, 20.0, 29.0)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=Path, help="a Paraformer model directory (python -m export paraformer)")
-    parser.add_argument("--peer", type=Path, help="peer directory from server/bench/make_paraformer_peer.py")
+    parser.add_argument("--peer", type=Path, help="peer directory from bench/make_paraformer_peer.py")
     parser.add_argument("--precision", default="fp32,int8", help="comma list (default fp32,int8)")
     parser.add_argument("--lengths", default=",".join(f"{x:g}" for x in DEFAULT_LENGTHS), help="clip seconds")
     parser.add_argument("--containers", type=parse_containers, help="audio containers, seconds (default: the CPU's)")
