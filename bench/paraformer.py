@@ -7,13 +7,16 @@ path) against FunASR's own export, interleaved so that the machine's load touche
   * peer   with --peer DIR (bench/make_paraformer_peer.py): FunASR's Paraformer export of the
            same weights run as funasr_onnx's Paraformer runs it: kaldi-native-fbank, LFR and CMVN in
            Python (bench/peer.py), one dynamic-shape run at the clip's exact length, then the
-           greedy argmax over the decoder's log-probs in numpy; `ratio` = ours / the peer's.
-Each repeat times ours, then the peer, on the same clip. Tables go to stderr; the last stdout line is one
-JSON object with every figure (the engine's containers, token containers, load time and memory included).
+           greedy argmax over the decoder's log-probs in numpy; `ratio` = ours / the peer's (wall
+           seconds), `ratio_cpu` the same with the process's CPU seconds (less moved by other jobs).
+Each repeat times ours and the peer on the same clip, each going first in turn. Tables go to stderr; the
+last stdout line is one JSON object with every figure (the engine's containers, token containers, load
+time and memory included).
 """
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,14 +53,20 @@ def peer_run(peer: PeerModel, audio: np.ndarray) -> np.ndarray:
     return logprobs[0, : int(token_num[0])].argmax(-1)
 
 
-def interleaved(ours, peer, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
-    """`repeats` timings of each, alternating ours and the peer's after `warmup` untimed calls of each."""
-    times: tuple[list[float], list[float]] = ([], [])
+def interleaved(ours, peer, warmup: int, repeats: int) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """`repeats` (wall, CPU) seconds of each, alternating ours and the peer's after `warmup` untimed calls of
+    each; the one that goes first alternates too (neither always runs on the other's warm caches). CPU
+    seconds are the process's, all threads: on a shared machine they count the work done while wall time
+    also counts the waits for a core."""
+    times: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
     for fn in (ours, peer):
         time_runs(fn, warmup, 0)
-    for _ in range(repeats):
-        for fn, out in zip((ours, peer), times):
-            out += time_runs(fn, 0, 1)
+    for repeat in range(repeats):
+        pairs = list(zip((ours, peer), times))
+        for fn, out in pairs[::-1] if repeat % 2 else pairs:
+            cpu = time.process_time()
+            wall = time_runs(fn, 0, 1)[0]
+            out.append((wall, time.process_time() - cpu))
     return times
 
 
@@ -75,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         part: dict = {"containers": list(engine.containers), "decoder_shapes": len(engine._decoder.sessions),
                       "load_seconds": round(stats.load_seconds, 2),
                       "rss_mib": round(((stats.rss_after_load or 0) - (stats.rss_before_load or 0)) / 2**20, 1),
-                      "ours": {}, "peer": {}, "ratio": {}, "tokens": {}}
+                      "ours": {}, "peer": {}, "ratio": {}, "ours_cpu": {}, "peer_cpu": {}, "ratio_cpu": {}, "tokens": {}}
         say(f"[{precision}] engine: containers {part['containers']} s, {part['decoder_shapes']} decoder shapes, "
             f"loaded and warmed in {part['load_seconds']} s, {part['rss_mib']} MiB resident memory added")
         peer = PeerModel(args.peer, precision, plain_options(args.threads), ["CPUExecutionProvider"]) if args.peer else None
@@ -86,11 +95,15 @@ def run(args: argparse.Namespace) -> int:
                 part["ours"][key] = summary(time_runs(ours, args.warmup, args.repeats))
             else:
                 mine, theirs = interleaved(ours, lambda: peer_run(peer, audio), args.warmup, args.repeats)
-                part["ours"][key], part["peer"][key] = summary(mine), summary(theirs)
-                part["ratio"][key] = round(part["ours"][key]["median"] / part["peer"][key]["median"], 3)
+                for side, runs in (("ours", mine), ("peer", theirs)):
+                    part[side][key] = summary([wall for wall, _ in runs])
+                    part[f"{side}_cpu"][key] = summary([cpu for _, cpu in runs])
+                for ratio, side in (("ratio", ""), ("ratio_cpu", "_cpu")):
+                    part[ratio][key] = round(part["ours" + side][key]["median"] / part["peer" + side][key]["median"], 3)
             part["tokens"][key] = len(engine.infer([Clip(audio)])[0].token_ids)
             say(f"[{precision}] {key} s ({part['tokens'][key]} tokens): ours {part['ours'][key]['median']:.3f} s"
-                + (f"; peer {part['peer'][key]['median']:.3f} s (ratio {part['ratio'][key]})" if peer else ""))
+                + (f"; peer {part['peer'][key]['median']:.3f} s (ratio {part['ratio'][key]}, CPU seconds' ratio "
+                   f"{part['ratio_cpu'][key]})" if peer else ""))
         part["unwarmed_calls"] = stats.unwarmed_calls
         result["precisions"][precision] = part
         del engine, peer
