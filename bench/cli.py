@@ -9,7 +9,7 @@ import sys
 
 COMMANDS = {
     "model": ("bench.model", "time one inference per container and per shape policy (and the peer)"),
-    "paraformer": ("bench.paraformer", "one Paraformer inference in the 30 s container, ours against FunASR's export"),
+    "paraformer": ("bench.paraformer", "one Paraformer inference (the serving path), ours against FunASR's export"),
     "load": ("bench.load", "N concurrent real-time streams against a server: latency and capacity"),
     "failover": ("bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "train": ("bench.train", "seconds per training step of the demo model, fp32 against bf16"),

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.modeldir import FREE_DIMENSIONS, INPUT_NAMES, ONNX_FILES, OUTPUT_NAMES, PRECISIONS, ModelManifest, write_model_directory
+from pipeline.modeldir import (DECODER_FREE_DIMENSIONS, DECODER_ONNX_FILES, FREE_DIMENSIONS, INPUT_NAMES, ONNX_FILES,
+                               OUTPUT_NAMES, PRECISIONS, ModelManifest, write_model_directory)
 
 from .decoding_outputs import add_decoding_to_file
 
@@ -26,8 +27,10 @@ FORBIDDEN_OPS = frozenset({"Loop", "If", "Scan", "NonZero", "LSTM", "GRU", "RNN"
 
 
 def export_onnx(model, path: Path, opset: int = OPSET) -> None:
-    """Export `models.sensevoice.SenseVoice` (or a model with `onnx_signature()`, which names its inputs and
-    outputs) with free `batch` and `samples` dimensions to one .onnx file."""
+    """Export `models.sensevoice.SenseVoice` (or a module with `onnx_signature()`, which names its inputs and
+    outputs: a Paraformer stage) with free `batch` and `samples` dimensions to one .onnx file. A module with
+    `onnx_example()` (the Paraformer decoder stage) takes [batch, frames, D] encoder output and [batch,
+    tokens, D] token embeddings instead of audio, with free `batch`, `frames` and `tokens`."""
     import torch
 
     batch = torch.export.Dim(FREE_DIMENSIONS[0], min=1, max=64)
@@ -43,6 +46,11 @@ def export_onnx(model, path: Path, opset: int = OPSET) -> None:
         input_names, output_names = model.onnx_signature()
         example = example[: len(input_names)]
     dynamic = {name: {0: batch} for name in input_names} | {"audio": {0: batch, 1: samples}}
+    if hasattr(model, "onnx_example"):  # the Paraformer decoder stage: encoder frames and token rows free
+        example = model.onnx_example()
+        frames, tokens = (torch.export.Dim(name, min=2, max=MAX_EXPORT_SAMPLES // 960) for name in DECODER_FREE_DIMENSIONS[1:])
+        dynamic = {name: {0: batch} for name in input_names}
+        dynamic[input_names[0]], dynamic[input_names[2]] = {0: batch, 1: frames}, {0: batch, 1: tokens}
     model = model.eval()
     with torch.no_grad():
         program = torch.onnx.export(
@@ -88,8 +96,9 @@ def forbidden_ops(histogram: dict[str, int]) -> list[str]:
     return sorted(op for op in histogram if op in FORBIDDEN_OPS)
 
 
-def non_static_shapes(path: Path, samples: int) -> list[str]:
-    """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed.
+def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None = None) -> list[str]:
+    """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed (or the
+    free dimensions `overrides`, for a Paraformer decoder's batch, frames and tokens).
 
     ONNX Runtime applies the free-dimension overrides and folds the shape arithmetic exactly as a
     serving session does; ONNX shape inference over that optimised graph then finds what is left.
@@ -100,8 +109,8 @@ def non_static_shapes(path: Path, samples: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         optimized = Path(tmp) / "optimized.onnx"
         options = ort.SessionOptions()
-        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], 1)
-        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+        for name, value in (overrides or {FREE_DIMENSIONS[0]: 1, FREE_DIMENSIONS[1]: samples}).items():
+            options.add_free_dimension_override_by_name(name, value)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(optimized)
         if _has_external_data(path):
@@ -143,25 +152,32 @@ def write_model_dir(
         raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
     try:
         steps = ["fp32"] + [p for p in precisions if p != "fp32"]
-        with tqdm(total=len(steps), desc=f"export {out.name}", unit="graph", disable=None) as progress:
+        # A Paraformer is two graphs (its encoder + CIF, then its decoder), each written like a whole model.
+        stages = list(zip(model.export_stages(), (ONNX_FILES, DECODER_ONNX_FILES)) if hasattr(model, "export_stages")
+                      else [(model, ONNX_FILES)])
+        with tqdm(total=len(steps) * len(stages), desc=f"export {out.name}", unit="graph", disable=None) as progress:
             for precision in steps:
                 progress.set_postfix_str(precision)
-                target = tmp / ONNX_FILES[precision]
-                if precision == "fp32":
-                    export_onnx(model, target, manifest.opset)
-                    top_k = add_decoding_to_file(target)  # before int8, which is quantised from this file
-                elif precision == "int8":
-                    quantize_int8(tmp / ONNX_FILES["fp32"], target)
-                else:
-                    # Exported from PyTorch rather than converted: the converters' fp16 passes would have
-                    # to keep the frontend float32 (power spectra reach 1e13, past fp16's 65504).
-                    export_onnx(copy.deepcopy(model).half_encoder(), target, manifest.opset)
-                    add_decoding_to_file(target, top_k)
-                progress.update()
+                for index, (module, names) in enumerate(stages):
+                    target = tmp / names[precision]
+                    if precision == "fp32":
+                        export_onnx(module, target, manifest.opset)
+                        if index == 0:  # before int8, which is quantised from this file
+                            top_k = add_decoding_to_file(target)
+                    elif precision == "int8":
+                        quantize_int8(tmp / names["fp32"], target)
+                    else:
+                        # Exported from PyTorch rather than converted: the converters' fp16 passes would have
+                        # to keep the frontend float32 (power spectra reach 1e13, past fp16's 65504).
+                        export_onnx(copy.deepcopy(module).half_encoder(), target, manifest.opset)
+                        add_decoding_to_file(target, top_k)
+                    progress.update()
         if "fp32" not in precisions:
-            (tmp / ONNX_FILES["fp32"]).unlink()
+            for _, names in stages:
+                (tmp / names["fp32"]).unlink()
         files = {p: ONNX_FILES[p] for p in steps if p in precisions}
-        write_model_directory(tmp, _with_files(manifest, files, top_k), tokens)
+        decoder_files = {p: DECODER_ONNX_FILES[p] for p in files} if len(stages) > 1 else {}
+        write_model_directory(tmp, _with_files(manifest, files, top_k, decoder_files), tokens)
         os.chmod(tmp, 0o755)
         if out.exists():
             shutil.rmtree(out)
@@ -172,10 +188,10 @@ def write_model_dir(
     return out
 
 
-def _with_files(manifest: ModelManifest, files: dict[str, str], top_k: int) -> ModelManifest:
+def _with_files(manifest: ModelManifest, files: dict[str, str], top_k: int, decoder_files: dict[str, str]) -> ModelManifest:
     import dataclasses
 
-    return dataclasses.replace(manifest, files=files, top_k=top_k)
+    return dataclasses.replace(manifest, files=files, top_k=top_k, decoder_files=decoder_files)
 
 
 def tag_token_ids(tokens: list[str]) -> dict[str, list[int]]:

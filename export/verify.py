@@ -4,8 +4,9 @@ operators and static shapes of a model directory, on the provider that will serv
 For each test length, the audio is run once alone at its own length and once placed in the container
 (padding invariance), and once as row 0 of a batch of BATCH_ROWS whose other rows hold other clips,
 against the same container at batch 1 (batch invariance); the valid log-prob frames must agree (for
-Paraformer: the tokens, their log-probs and the CIF outputs, export/verify_paraformer.py; no batch
-check, Paraformer serves one clip per call). Bounds per precision:
+Paraformer: both graphs, the decoder on every token container the device serves, the tokens, their
+log-probs and the CIF outputs, int8 identical across token containers, export/verify_paraformer.py; no
+batch check, Paraformer serves one clip per call). Bounds per precision:
     fp32   error 1e-5 scaled by the log-prob's size (max |a - b| / max(1, |a|)), cosine >= 0.999999,
            greedy tokens equal (on CUDA with TF32 off, which the engine's default is: TF32 gave 1.7e-3 and
            moved 1.1 % of the argmaxes on an H100). Scaled, because float32 resolves a log-prob of -24
@@ -44,14 +45,17 @@ DEFAULT_LENGTHS = (5.0, 10.0, 29.0)
 BATCH_ROWS = 4  # the batch-invariance check: the clip as row 0, other speech-like clips in the other rows
 
 
-def make_session(path: Path, samples: int | None, device: str = "cpu", batch: int = 1):
-    """A plain session on `device` (the engine's provider settings, so TF32 is off on CUDA)."""
+def make_session(path: Path, samples: int | None, device: str = "cpu", batch: int = 1,
+                 overrides: dict[str, int] | None = None):
+    """A plain session on `device` (the engine's provider settings, so TF32 is off on CUDA), with batch and
+    samples fixed (or the free dimensions `overrides`: a Paraformer decoder's), or none with samples None."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if samples is not None:
-        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], batch)
-        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+        overrides = {FREE_DIMENSIONS[0]: batch, FREE_DIMENSIONS[1]: samples}
+    for name, value in (overrides or {}).items():
+        options.add_free_dimension_override_by_name(name, value)
     config = provider_config(device)
     session = ort.InferenceSession(str(path), options, providers=list(config.providers),
                                    provider_options=list(config.provider_options))
@@ -110,14 +114,20 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
         raise ValueError(f"the container ({container:g} s) is shorter than the {max(too_long):g} s test audio")
     precisions = precisions or sorted(directory.manifest.files)
     report: dict = {"model": str(model_dir), "container_seconds": container, "device": device, "precisions": {}}
+    paraformer = directory.manifest.architecture == "paraformer"
     for precision in precisions:
         path = directory.onnx_path(precision)
-        histogram = op_histogram(path)
-        entry: dict = {"ops": histogram, "forbidden_ops": forbidden_ops(histogram),
-                       "non_static_shapes": non_static_shapes(path, container_samples)[:20], "lengths": {}}
-        padded_session = make_session(path, container_samples, device)
-        alone_session = make_session(path, None, device)
-        paraformer = directory.manifest.architecture == "paraformer"
+        if paraformer:  # two graphs, the decoder on every token container (export/verify_paraformer.py)
+            from .verify_paraformer import Stages
+
+            stages = Stages(directory, precision, container_samples, device)
+            entry = stages.graph_checks(container_samples)
+        else:
+            histogram = op_histogram(path)
+            entry = {"ops": histogram, "forbidden_ops": forbidden_ops(histogram),
+                     "non_static_shapes": non_static_shapes(path, container_samples)[:20], "lengths": {}}
+            padded_session = make_session(path, container_samples, device)
+            alone_session = make_session(path, None, device)
         batch_session = (make_session(path, container_samples, device, BATCH_ROWS)
                          if precision != "int8" and not paraformer else None)
         decoding = directory.manifest.top_k > 0
@@ -128,10 +138,7 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
             # Garbage after the valid samples must not matter either: the graph zeroes it itself.
             padded[len(audio):] = np.random.default_rng(1).uniform(-1, 1, container_samples - len(audio))
             if paraformer:
-                from .verify_paraformer import compare as check, run_session as run
-
-                entry["lengths"][f"{seconds:g}s"] = check(run(alone_session, audio, len(audio)),
-                                                          run(padded_session, padded, len(audio)))
+                entry["lengths"][f"{seconds:g}s"] = stages.check(audio, padded)
                 continue
             alone = run_session(alone_session, audio, len(audio))[0]
             in_container = run_session(padded_session, padded, len(audio), OUTPUT_NAMES[:1] + (
@@ -174,6 +181,7 @@ def _passed(precision: str, entry: dict) -> bool:
     return (
         all(r["max_scaled_err"] <= max_err and r["cosine"] >= min_cos and r["tokens_equal"] for r in checks)
         and all(r.get("decoding_outputs_equal", True) for r in results)
+        and (precision != "int8" or all(r.get("token_containers_identical", True) for r in results))
         and not entry["forbidden_ops"] and not entry["non_static_shapes"]
     )
 
@@ -211,12 +219,16 @@ def run(args: argparse.Namespace) -> int:
     for precision, entry in report["precisions"].items():
         ops = ", ".join(f"{op} {n}" for op, n in entry["ops"].items())
         print(f"[{precision}] operators: {ops}")
+        if "decoder_ops" in entry:
+            print(f"[{precision}] decoder operators: {', '.join(f'{op} {n}' for op, n in entry['decoder_ops'].items())}")
         for label, r in entry["lengths"].items():
             print(f"[{precision}] {label} in {report['container_seconds']:g} s: max_abs_err {r['max_abs_err']:.3g} "
                   f"(scaled {r['max_scaled_err']:.3g}), cosine {r['cosine']:.9f}, tokens equal {r['tokens_equal']}"
                   + (f"; in a batch of {BATCH_ROWS}: scaled error {r['batch']['max_scaled_err']:.3g}, tokens equal "
                      f"{r['batch']['tokens_equal']}" if "batch" in r else "")
-                  + (f"; decoding outputs equal {r['decoding_outputs_equal']}" if "decoding_outputs_equal" in r else ""))
+                  + (f"; decoding outputs equal {r['decoding_outputs_equal']}" if "decoding_outputs_equal" in r else "")
+                  + (f"; token containers {', '.join(r['token_containers'])}, identical "
+                     f"{r['token_containers_identical']}" if "token_containers" in r else ""))
         if entry["forbidden_ops"]:
             print(f"[{precision}] FORBIDDEN operators for fixed-shape serving: {', '.join(entry['forbidden_ops'])}")
         if entry["non_static_shapes"]:

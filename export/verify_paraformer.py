@@ -1,24 +1,83 @@
-"""The Paraformer side of `python -m export verify`: run a padded and an unpadded clip and compare.
+"""The Paraformer side of `python -m export verify`: both stages, alone and in the container, on every token
+container the engine serves that container with (pipeline/paraformer_stages.py).
 
-What must not depend on the padding: the token count and ids (exactly), and the valid values of the
-token log-probs, CIF weights and CIF peaks (within verify's tolerances). `compare` reports them in the
-shape verify.py's SenseVoice comparison uses, so the summary, thresholds and exit status are shared.
+For each clip: stage one runs once at the clip's own length and once padded into the container; the
+decoder runs once alone (free shape, exactly the CIF count of token rows) and once per token container that
+holds the count, against the container's encoder output. What must not depend on the padding or on the
+token container: the token count and ids (exactly), the valid token log-probs, CIF weights and CIF peaks
+(within verify's tolerances); int8 must also be bit-identical between the token containers. `compare`
+reports in the shape verify.py's SenseVoice comparison uses, so the summary, thresholds and exit status
+are shared.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.paraformer_decoding import ParaformerOutput
+from pipeline.audio import encoder_frames
+from pipeline.engine_options import default_token_containers
+from pipeline.modeldir import DECODER_FREE_DIMENSIONS, PARAFORMER_ENCODER_OUTPUT_NAMES, ModelDirectory
+from pipeline.paraformer_stages import DecoderGrid, decoder_feed
+from pipeline.shapes import token_containers
 
-from .verify import errors
+from .onnx_export import forbidden_ops, non_static_shapes, op_histogram
+from .verify import errors, make_session
 
 
-def run_session(session, audio: np.ndarray, valid: int) -> ParaformerOutput:
+class Stages:
+    """The sessions of one precision: stage one alone and in the container, the decoder alone and per
+    token container of the container."""
+
+    def __init__(self, directory: ModelDirectory, precision: str, container_samples: int, device: str) -> None:
+        self.paths = directory.onnx_path(precision), directory.onnx_path(precision, decoder=True)
+        self.frames = encoder_frames(container_samples)
+        self.token_containers = token_containers(self.frames, default_token_containers(device))
+        self.histograms = [op_histogram(path) for path in self.paths]  # first: names a damaged file in one line
+        self.encoder_alone = make_session(self.paths[0], None, device)
+        self.encoder_padded = make_session(self.paths[0], container_samples, device)
+        self.decoder_alone = make_session(self.paths[1], None, device)
+        # As the engine runs them: on the CPU one session serves every token container (sessions.runner_on)
+        self.decoders = {k: self.decoder_alone if device == "cpu" else
+                         make_session(self.paths[1], None, device, overrides=self.overrides(k)) for k in self.token_containers}
+
+    def overrides(self, tokens: int) -> dict[str, int]:
+        return dict(zip(DECODER_FREE_DIMENSIONS, (1, self.frames, tokens)))
+
+    def graph_checks(self, container_samples: int) -> dict:
+        """Operators of both graphs, forbidden ones, and shapes left free once each session's are fixed."""
+        histograms = self.histograms
+        shapes = non_static_shapes(self.paths[0], container_samples)
+        for k in self.token_containers:
+            shapes += [f"decoder[{k}] {s}" for s in non_static_shapes(self.paths[1], 0, self.overrides(k))]
+        return {"ops": histograms[0], "decoder_ops": histograms[1],
+                "forbidden_ops": sorted(set(forbidden_ops(histograms[0]) + forbidden_ops(histograms[1]))),
+                "non_static_shapes": shapes[:20], "token_containers": list(self.token_containers), "lengths": {}}
+
+    def check(self, audio: np.ndarray, padded: np.ndarray) -> dict:
+        valid = len(audio)
+        alone_first = run_encoder(self.encoder_alone, audio, valid)
+        count = int(alone_first["token_counts"][0])
+        alone = decode(self.decoder_alone, alone_first, max(count, 1))
+        first = run_encoder(self.encoder_padded, padded, valid)
+        in_containers = {k: decode(session, first, k) for k, session in self.decoders.items()
+                         if k >= int(first["token_counts"][0])}
+        results = {k: compare(alone, out) for k, out in in_containers.items()}
+        worst = max(results.values(), key=lambda r: (not r["tokens_equal"], r["max_scaled_err"]))
+        outputs = list(in_containers.values())
+        identical = all(np.array_equal(outputs[0].token_logprobs, o.token_logprobs) for o in outputs[1:])
+        return {**worst, "token_containers": {str(k): r["max_abs_err"] for k, r in results.items()},
+                "token_containers_identical": identical}
+
+
+def run_encoder(session, audio: np.ndarray, valid: int) -> dict[str, np.ndarray]:
     feeds = {"audio": audio[None, :].astype(np.float32), "audio_lengths": np.array([valid], dtype=np.int32)}
-    return ParaformerOutput.from_graph(session.run(None, feeds))
+    return dict(zip(PARAFORMER_ENCODER_OUTPUT_NAMES, session.run(list(PARAFORMER_ENCODER_OUTPUT_NAMES), feeds)))
 
 
-def compare(alone: ParaformerOutput, padded: ParaformerOutput) -> dict:
+def decode(session, first: dict[str, np.ndarray], tokens: int):
+    return DecoderGrid.output(first, 0, session.run(None, decoder_feed(first, 0, tokens)))
+
+
+def compare(alone, padded) -> dict:
     tokens_equal = np.array_equal(alone.token_ids, padded.token_ids)
     if not tokens_equal or len(alone.peaks) != len(padded.peaks):
         return {"max_abs_err": float("inf"), "max_scaled_err": float("inf"), "cosine": 0.0, "tokens_equal": False,
@@ -31,3 +90,4 @@ def compare(alone: ParaformerOutput, padded: ParaformerOutput) -> dict:
         "frames": int(len(alone.peaks)),
         "tokens": int(len(alone.token_ids)),
     }
+

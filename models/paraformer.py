@@ -7,8 +7,13 @@ through every encoder and decoder layer; additive attention masks; every weight 
 padded rows are zero (int8-safe). The CIF is models/cif.py: closed-form, no Loop/If/NonZero/LSTM.
 
 Output positions: the encoder has T frames; the predictor appends FunASR's tail frame (alpha 0.45 at the
-first frame after the valid ones), so CIF sees T + 1 frames and at most T + 1 tokens: the decoder runs
-on T + 1 token rows, of which the first `token_counts` are real.
+first frame after the valid ones), so CIF sees T + 1 frames and at most T + 1 tokens.
+
+Exported in two stages (EncoderStage, DecoderStage), so that the decoder's cost follows the tokens: stage
+one (audio -> frontend -> encoder -> CIF) runs in the audio container; the host then hands the decoder
+only the first K token rows, K a token container that holds the CIF count (rows past the count are zero,
+and every decoder row depends only on its own row, the encoder output and the masked FSMN window, so K
+changes no valid row: tests/models/test_paraformer.py and `export verify` check it).
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeline.modeldir import PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
+from pipeline.modeldir import (PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES,
+                               PARAFORMER_ENCODER_OUTPUT_NAMES, PARAFORMER_INPUT_NAMES)
 
 from .cif import cif
 from .frontend import FEATURE_SIZE, Frontend, sinusoid_timescales
@@ -267,10 +273,6 @@ class Paraformer(nn.Module):
     def set_cmvn(self, shift, scale) -> None:
         self.frontend.set_cmvn(shift, scale)
 
-    @staticmethod
-    def onnx_signature() -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
-
     def half_encoder(self) -> Paraformer:
         """This model with encoder and decoder in fp16 (for GPU graphs); the frontend, the CIF sums and the
         log-softmax stay float32. LayerNorm epsilons become FP16_LAYER_NORM_EPS (1e-12 underflows)."""
@@ -299,14 +301,71 @@ class Paraformer(nn.Module):
         logits = self.decoder(memory, memory_mask, embeddings.to(memory.dtype), token_mask.to(memory.dtype))
         return torch.log_softmax(logits.float(), dim=-1)
 
-    def forward(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def encoder_stage(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Stage one -> (encoder_out [B, T, D], encoder_lengths int32 [B], token_embeddings [B, T + 1, D]
+        (rows past the count zero), token_counts int32 [B], cif_alphas, cif_peaks [B, T + 1], peak_lengths)."""
         features, feature_lengths = self.features(audio, audio_lengths)
         memory, mask = self.encode(features, feature_lengths)
         embeddings, token_counts, alphas, fires = self.predictor(memory, mask)
-        logprobs = self.decode(memory, mask, embeddings, token_counts)
+        lengths = feature_lengths.to(torch.int32)
+        return memory, lengths, embeddings, token_counts.to(torch.int32), alphas, fires, lengths + 1
+
+    def decoder_stage(self, memory: torch.Tensor, memory_lengths: torch.Tensor, embeddings: torch.Tensor,
+                      token_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage two, on any number K of token rows that holds the count -> (token_ids int32 [B, K], the
+        argmax, 0 past the count; token_logprobs float32 [B, K], its log-prob, 0 past the count)."""
+        logprobs = self.decode(memory, time_mask(memory, memory_lengths), embeddings, token_counts)
         best, ids = logprobs.max(-1)
         real = time_mask(logprobs, token_counts)[:, :, 0]
-        token_ids = (ids * real.to(torch.int64)).to(torch.int32)
-        peak_lengths = (feature_lengths + 1).to(torch.int32)  # the valid frames plus the tail frame
-        return token_ids, best * real, token_counts.to(torch.int32), alphas, fires, peak_lengths
+        return (ids * real.to(torch.int64)).to(torch.int32), best * real
 
+    def forward(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Both stages on all T + 1 token rows -> (token_ids, token_logprobs, token_counts, cif_alphas,
+        cif_peaks, peak_lengths), as pipeline/paraformer_decoding.ParaformerOutput.from_graph reads them."""
+        memory, lengths, embeddings, counts, alphas, fires, peak_lengths = self.encoder_stage(audio, audio_lengths)
+        token_ids, token_logprobs = self.decoder_stage(memory, lengths, embeddings, counts)
+        return token_ids, token_logprobs, counts, alphas, fires, peak_lengths
+
+    def export_stages(self) -> tuple[nn.Module, nn.Module]:
+        """The two graphs `python -m export` writes (export/onnx_export.py)."""
+        return EncoderStage(self), DecoderStage(self)
+
+
+class Stage(nn.Module):
+    """One exported graph of a Paraformer (its weights are the model's)."""
+
+    def __init__(self, model: Paraformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def half_encoder(self) -> Stage:
+        self.model.half_encoder()
+        return self
+
+
+class EncoderStage(Stage):
+    """Paraformer.encoder_stage as a module to export: audio and lengths in, free `batch` and `samples`."""
+
+    def onnx_signature(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return PARAFORMER_INPUT_NAMES, PARAFORMER_ENCODER_OUTPUT_NAMES
+
+    def forward(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.model.encoder_stage(audio, audio_lengths)
+
+
+class DecoderStage(Stage):
+    """Paraformer.decoder_stage as a module to export: free `batch`, `frames` and `tokens`."""
+
+    EXAMPLE_FRAMES, EXAMPLE_TOKENS = 84, 40  # distinct, so the exporter cannot tie the two axes together
+
+    def onnx_signature(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
+
+    def onnx_example(self) -> tuple[torch.Tensor, ...]:
+        size, dtype = self.model.dims.output_size, self.model.decoder.output_layer.weight.dtype
+        return (torch.zeros(1, self.EXAMPLE_FRAMES, size, dtype=dtype), torch.full((1,), 60, dtype=torch.int32),
+                torch.zeros(1, self.EXAMPLE_TOKENS, size, dtype=dtype), torch.full((1,), 20, dtype=torch.int32))
+
+    def forward(self, encoder_out: torch.Tensor, encoder_lengths: torch.Tensor, token_embeddings: torch.Tensor,
+                token_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # the graph's input names
+        return self.model.decoder_stage(encoder_out, encoder_lengths, token_embeddings, token_counts)

@@ -81,9 +81,22 @@ def time_mask(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 def fsmn_memory(conv: nn.Conv1d, padding: tuple[int, int], x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """FunASR's FSMN memory block: depthwise conv over time plus the input, masked. x [B, T, D] (padded
-    rows zero), mask [B, T, 1] -> [B, T, D]. Shared by the SAN-M encoder and the Paraformer decoder."""
-    memory = conv(nn.functional.pad(x.transpose(1, 2), padding)).transpose(1, 2)
-    return (memory + x) * mask
+    rows zero), mask [B, T, 1] -> [B, T, D]. Shared by the SAN-M encoder and the Paraformer decoder.
+
+    The conv runs as a 2-D conv of height 1 on x seen as NHWC ([B, 1, T, D] permuted to [B, D, 1, T]), with
+    the conv's own zero padding when it is symmetric: ONNX Runtime's CPU provider then runs it as one
+    blocked (NCHWc) depthwise kernel and folds both permutes into its layout reorders. The 1-D conv
+    between transposes ran 3-4x slower (a full-size Paraformer has 66 of these blocks). Same sums, same
+    weights (conv.weight [D, 1, K] gains a unit axis)."""
+    left, right = padding
+    if left != right:  # a shifted window: pad the time axis explicitly
+        x_pad, left = nn.functional.pad(x, (0, 0, left, right)), 0
+    else:
+        x_pad = x
+    # contiguous(): an identity in the graph; without it torch.export fails on the permuted strides
+    image = x_pad.unsqueeze(1).permute(0, 3, 1, 2).contiguous()  # [B, D, 1, T]
+    memory = nn.functional.conv2d(image, conv.weight.unsqueeze(2), padding=(0, left), groups=conv.groups)
+    return (memory.permute(0, 2, 3, 1).flatten(1, 2) + x) * mask
 
 
 def sinusoid_positions(x: torch.Tensor, timescales: torch.Tensor, scale: float, mask: torch.Tensor) -> torch.Tensor:

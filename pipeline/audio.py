@@ -36,6 +36,12 @@ MAX_INPUT_RATE = 48000
 PCM_FORMATS = ("s16le", "f32le")
 
 
+def encoder_frames(samples: int) -> int:
+    """Encoder (LFR) frames the in-graph frontend makes of `samples` (>= FBANK_WINDOW): ceil(fbank frames / 6)
+    with 1 + (samples - 400) // 160 fbank frames, i.e. 1 + (samples - 400) // 960."""
+    return (samples - FBANK_WINDOW) // OUTPUT_FRAME_SHIFT + 1
+
+
 def seconds_to_samples(seconds: float) -> int:
     return int(round(seconds * SAMPLE_RATE))
 

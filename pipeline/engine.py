@@ -7,6 +7,9 @@
         grid        batch sizes (pipeline/batching.py: 1,4,16 on GPUs, 1 on CPU; int8 always 1) x
                     containers (pipeline/shapes.py); each pair is one session (pipeline/sessions.py) with
                     every free dimension fixed; on CPU the weights are loaded once and shared
+        Paraformer  two stages (pipeline/paraformer_stages.py): the grid runs encoder + CIF; then the decoder
+                    on the token container that holds the CIF count, one session per (container, token
+                    container), all created and warmed with the grid
         warm-up     each session runs once with exactly its shape before the engine is ready
     engine.infer([Clip], topk=False, full=False) -> [ClipOutput]   clips grouped by container, packed
                 into the grid's batches; a clip's output does not depend on its batch-mates
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,84 +38,28 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
-from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack,
-                       plan_batches, unpack, validate_batch_sizes)
+from .batching import CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack, plan_batches, unpack
 from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
-from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_OUTPUT_NAMES, read_model_directory
+from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision, default_containers,
+                             default_token_containers)
+from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
-from .providers import (DEVICES, PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure,
-                        provider_config)
-from .sessions import create_session, load_shared_weights, process_rss, release_free_memory
-from .shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, ShapePolicy
+from .paraformer_stages import DecoderGrid, decoder_feed
+from .providers import PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure, provider_config
+from .sessions import create_session, load_shared_weights, process_rss, release_free_memory, runner_on
+from .shapes import ShapePolicy
+
+__all__ = ["PRECISION_CHOICES", "WARMUP_FILL", "Engine", "EngineOptions", "EngineStats", "choose_precision",
+           "default_containers"]
 
 log = logging.getLogger(__name__)
 
-PRECISION_CHOICES = ("auto", "fp32", "int8", "fp16")
 INSTALL_HINTS = {"cuda": "install onnxruntime-gpu instead of onnxruntime",
                  "directml": "install onnxruntime-directml instead of onnxruntime (Windows x64)", "cpu": ""}
 WARMUP_FILL = 0.75  # warm-up length as a fraction of the container: a typical clip, not an empty one
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    device: str = "auto"  # "auto" | "cpu" | "cuda" | "directml"; see providers.resolve_device for the CLI/env
-    precision: str = "auto"  # "auto" | "fp32" | "int8" | "fp16"
-    containers: tuple[float, ...] | None = None  # seconds; None: the provider's default (pipeline/shapes.py)
-    batch_sizes: tuple[int, ...] | None = None  # rows per run; None: the device's default (pipeline/batching.py)
-    threads: int = 0  # intra_op_num_threads; 0: ONNX Runtime's default (one per physical core)
-    device_id: int | None = None  # GPU / DirectML adapter index; None: CUDA 0, DirectML by preference
-    cuda_graph: bool = False  # CUDA only: capture each session's graph once and replay it (IO binding)
-    allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
-    dml_performance_preference: str = "high_performance"
-    share_weights: bool = True  # one copy of the weights for all CPU sessions
-
-    def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.precision not in PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}")
-        if self.containers is not None:
-            ShapePolicy(self.containers)  # raises ValueError when invalid
-        if self.batch_sizes is not None:
-            object.__setattr__(self, "batch_sizes", validate_batch_sizes(self.batch_sizes))
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
-
-
-@dataclass
-class EngineStats:
-    """Counters of one engine (mutated only by its thread; read anywhere for metrics)."""
-
-    calls: int = 0  # session runs that were attempted (one per batch)
-    failures: int = 0  # runs that raised InferenceError (the unwarmed ones included)
-    unwarmed_calls: int = 0
-    rebuilds: int = 0
-    rows: int = 0  # clips run
-    spare_rows: int = 0  # padding rows of partly filled batches
-    inference_seconds: float = 0.0  # total wall time inside ONNX Runtime
-    last_inference_seconds: float = 0.0
-    last_container: int = 0  # samples
-    last_batch: int = 0
-    load_seconds: float = 0.0
-    rss_before_load: int | None = None  # bytes, process resident set size
-    rss_after_load: int | None = None
-    shared_weight_bytes: int = 0  # weights held once for all sessions (0: each session has its own)
-    session_rss: dict[str, int] = field(default_factory=dict)  # "4x30s" -> host RSS grown by its creation + warm-up
-
-
-def choose_precision(requested: str, device: str, available: dict) -> str:
-    """auto: int8 on CPU (an int8 graph is a CPU optimisation), fp16 on GPUs, else fp32."""
-    if requested != "auto":
-        return requested
-    preferred = "int8" if device == "cpu" else "fp16"
-    return preferred if preferred in available else "fp32"
-
-
-def default_containers(device: str) -> tuple[float, ...]:
-    return DEFAULT_CPU_CONTAINERS if device == "cpu" else DEFAULT_GPU_CONTAINERS
 
 
 class Engine:
@@ -135,6 +81,7 @@ class Engine:
         self.paraformer = self.model.manifest.architecture == "paraformer"  # else a CTC model (SenseVoice)
         self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
+        self._decoder: DecoderGrid | None = None  # a Paraformer's second stage (pipeline/paraformer_stages.py)
         self._speller: Speller | None = None  # hotword spelling, made on first use
 
     # ---- loading ------------------------------------------------------------------------------------
@@ -174,19 +121,21 @@ class Engine:
 
     def _build(self, device: str) -> None:
         """Create the sessions of the whole grid on `device` (replacing any existing ones)."""
-        self._sessions, self._shared = {}, {}
+        self._sessions, self._shared, self._decoder = {}, {}, None
         self.stats.shared_weight_bytes, self.stats.session_rss = 0, {}
         precision = choose_precision(self.options.precision, device, self.model.manifest.files)
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
-        policy = ShapePolicy(self.options.containers or default_containers(device))
+        policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
         # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
         batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
                                  self.options.allow_tf32, self.options.dml_performance_preference)
         grid = [(b, size) for size in policy.sizes for b in batch_sizes]
-        if self.options.share_weights and device == "cpu" and len(grid) > 1:
+        # A Paraformer on the CPU: one prepacked session per graph serves the grid (sessions.runner_on).
+        one_session = self.paraformer and self.options.share_weights and device == "cpu"
+        if self.options.share_weights and device == "cpu" and len(grid) > 1 and not one_session:
             self._shared = load_shared_weights(path)
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
 
@@ -198,13 +147,21 @@ class Engine:
             return runner
 
         try:
-            sessions = {key: create(*key) for key in grid}
+            if one_session:
+                base = create(1, 0)
+                sessions = {key: runner_on(base, *key) for key in grid}
+            else:
+                sessions = {key: create(*key) for key in grid}
         except ModelLoadError:
             if not self._shared:
                 raise
             log.warning("sharing weights between sessions failed; loading one copy per session")
             self._shared, self.stats.shared_weight_bytes = {}, 0
             sessions = {key: create(*key) for key in grid}
+        if self.paraformer:
+            self._decoder = DecoderGrid.build(self.model.onnx_path(precision, decoder=True), policy.sizes,
+                                              self.options.token_containers or default_token_containers(device),
+                                              config, self.options.threads, one_session, self.options.device_id or 0)
         self._sessions, self.policy, self.batch_sizes = sessions, policy, batch_sizes
         self.device, self.provider, self.precision = device, config.provider, precision
         first = next(iter(sessions.values()))
@@ -213,7 +170,7 @@ class Engine:
                  path.name, ",".join(f"{c:g}" for c in policy.containers), ",".join(map(str, batch_sizes)),
                  "decoding in the graph" if self.in_graph_decoding else "decoding on the host",
                  f"{self.stats.shared_weight_bytes / 2**20:.0f} MiB of weights shared" if self._shared
-                 else "weights per session")
+                 else "one session per graph" if one_session else "weights per session")
 
     def warm_up(self) -> None:
         """Run each session once with exactly its shape; afterwards the engine is ready."""
@@ -226,11 +183,15 @@ class Engine:
             session.warmed = True
             self._note_rss(batch, size, rss)
             log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - t)
+        if self._decoder is not None:
+            t = time.perf_counter()
+            self._decoder.warm_up(self._infer, WARMUP_FILL)
+            log.info("warmed %d decoder sessions in %.2f s", len(self._decoder.sessions), time.perf_counter() - t)
 
     def _note_rss(self, batch: int, size: int, before: int | None) -> None:
         """Add the resident memory grown since `before` to the session's figure (host memory only: a GPU
         session's device memory does not show here)."""
-        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s"
+        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
         if before is not None and after is not None:
             self.stats.session_rss[key] = self.stats.session_rss.get(key, 0) + after - before
 
@@ -247,7 +208,8 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        return bool(self._sessions) and all(s.warmed for s in self._sessions.values())
+        return (bool(self._sessions) and all(s.warmed for s in self._sessions.values())
+                and (self._decoder is None or self._decoder.warmed))
 
     @property
     def containers(self) -> tuple[float, ...]:
@@ -296,8 +258,7 @@ class Engine:
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)
             for row, index in enumerate(run.rows):
-                results[index] = (ParaformerOutput.from_graph([outputs[n] for n in PARAFORMER_OUTPUT_NAMES], row)
-                                  if self.paraformer else
+                results[index] = (self._decode_paraformer(outputs, row, run.size) if self.paraformer else
                                   unpack(outputs, row, topk, full, self.model.manifest.blank_id))
         return results  # type: ignore[return-value]
 
@@ -340,17 +301,29 @@ class Engine:
     def _run_batch(self, run: Run, feed: dict[str, np.ndarray], topk: bool, full: bool) -> dict[str, np.ndarray]:
         session = self._sessions.get((run.batch, run.size))
         if session is None or not session.warmed:
-            self.stats.unwarmed_calls += 1
-            self.stats.failures += 1
-            log.error("refused a call of %d x %d samples: no session warmed with that shape (grid %s)",
-                      run.batch, run.size, ",".join(f"{b}x{s}" for b, s in self._sessions))
-            raise UnwarmedShapeError(f"no session was warmed for {run.batch} x {run.size} samples",
-                                     samples=run.size, batch=run.batch)
+            self._refuse_unwarmed(f"{run.batch} x {run.size} samples", ",".join(f"{b}x{s}" for b, s in self._sessions),
+                                  samples=run.size, batch=run.batch)
         names = session.output_names if self.paraformer else output_names(self.in_graph_decoding, topk, full)
         outputs = dict(zip(names, self._infer(session, feed, names)))
         self.stats.rows += len(run.rows)
         self.stats.spare_rows += run.batch - len(run.rows)
         return outputs
+
+    def _decode_paraformer(self, first: dict[str, np.ndarray], row: int, size: int) -> ParaformerOutput:
+        """Stage two for one clip of a stage-one run: the decoder on the token container that holds its count."""
+        (_, tokens), session = self._decoder.session_for(size, int(first["token_counts"][row]))
+        if session is None or not session.warmed:
+            self._refuse_unwarmed(f"the decoder on {tokens} tokens of {size} samples",
+                                  ",".join(f"{s}/{k}" for s, k in self._decoder.sessions), samples=size, tokens=tokens)
+        second = self._infer(session, decoder_feed(first, row, tokens), PARAFORMER_DECODER_OUTPUT_NAMES)
+        return DecoderGrid.output(first, row, second)
+
+    def _refuse_unwarmed(self, shape: str, grid: str, **details) -> None:
+        """Count and refuse a call of a shape no session was warmed with."""
+        self.stats.unwarmed_calls += 1
+        self.stats.failures += 1
+        log.error("refused a call of %s: no session warmed with that shape (grid %s)", shape, grid)
+        raise UnwarmedShapeError(f"no session was warmed for {shape}", **details)
 
     def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
         """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
@@ -391,12 +364,14 @@ class Engine:
         (a rebuilt grid without this shape, e.g. int8 on CPU after a GPU loss, fails the call: the worker
         then retries clip by clip)."""
         log.error("%s failed (%s); rebuilding", self.provider, exc)
+        decoder_key = self._decoder.key_of(failed) if self._decoder is not None else None
         try:
             self.rebuild()
         except Exception as again:  # noqa: BLE001 - any failure here means the device is gone
             log.error("rebuilding on %s failed (%s); continuing on CPU", self.device, again)
             self.rebuild("cpu")
-        session = self._sessions.get((failed.batch, failed.size))
+        session = (self._decoder.sessions.get(decoder_key) if decoder_key is not None and self._decoder is not None
+                   else self._sessions.get((failed.batch, failed.size)))
         if session is None:
             raise InferenceError(f"inference failed and the rebuilt engine has no {failed.batch} x {failed.size} "
                                  f"session") from exc

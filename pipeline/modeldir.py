@@ -31,20 +31,31 @@ FREE_DIMENSIONS = ("batch", "samples")
 INPUT_NAMES = ("audio", "audio_lengths", "language", "textnorm")
 OUTPUT_NAMES = ("logprobs", "logprob_lengths")
 DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs")
-# Paraformer graphs (architecture "paraformer"): audio and lengths in; the best token per position, its
-# log-prob, the token count, CIF weights and peaks, and the valid CIF frames out (pipeline/paraformer_decoding.py).
+# Paraformer (architecture "paraformer") runs as two graphs. Stage one (`files`): audio and lengths in; the
+# encoder output and its valid frames, the CIF token embeddings and count, CIF weights and peaks, and the
+# valid CIF frames out. Stage two (`decoder_files`): the encoder output, its lengths, the first `tokens`
+# rows of the token embeddings and the count in; the best token per row and its log-prob out
+# (pipeline/paraformer_stages.py runs both, pipeline/paraformer_decoding.py reads them).
 PARAFORMER_INPUT_NAMES = ("audio", "audio_lengths")
-PARAFORMER_OUTPUT_NAMES = ("token_ids", "token_logprobs", "token_counts", "cif_alphas", "cif_peaks", "peak_lengths")
+PARAFORMER_ENCODER_OUTPUT_NAMES = ("encoder_out", "encoder_lengths", "token_embeddings", "token_counts",
+                                   "cif_alphas", "cif_peaks", "peak_lengths")
+PARAFORMER_DECODER_INPUT_NAMES = ("encoder_out", "encoder_lengths", "token_embeddings", "token_counts")
+PARAFORMER_DECODER_OUTPUT_NAMES = ("token_ids", "token_logprobs")
+DECODER_FREE_DIMENSIONS = ("batch", "frames", "tokens")
+DECODER_ONNX_FILES = {"fp32": "decoder.onnx", "int8": "decoder.int8.onnx", "fp16": "decoder.fp16.onnx"}
 
 # Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
 SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
 SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}
 
 
-def signature(architecture: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The graph's input and output names for a model family (the manifest's architecture)."""
+def signature(architecture: str, decoder: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The graph's input and output names for a model family (the manifest's architecture); `decoder`:
+    a Paraformer's second stage."""
     if architecture == "paraformer":
-        return PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
+        if decoder:
+            return PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
+        return PARAFORMER_INPUT_NAMES, PARAFORMER_ENCODER_OUTPUT_NAMES
     return INPUT_NAMES, OUTPUT_NAMES
 
 
@@ -69,6 +80,7 @@ class ModelManifest:
     # One line for the people using the server (the browser page, the startup log) when the name and
     # languages would mislead, e.g. what a demo model recognises; empty for a general model.
     notice: str = ""
+    decoder_files: dict = field(default_factory=dict)  # Paraformer: precision -> stage two's ONNX file
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
@@ -80,13 +92,15 @@ class ModelDirectory:
     manifest: ModelManifest
     tokens: tuple[str, ...]
 
-    def onnx_path(self, precision: str) -> Path:
-        if precision not in self.manifest.files:
+    def onnx_path(self, precision: str, decoder: bool = False) -> Path:
+        """The graph of `precision`; `decoder`: a Paraformer's second stage."""
+        files = self.manifest.decoder_files if decoder else self.manifest.files
+        if precision not in files:
             raise ModelLoadError(
                 f"{self.path}: no {precision} graph (has {', '.join(sorted(self.manifest.files))})",
                 precision=precision,
             )
-        return self.path / self.manifest.files[precision]
+        return self.path / files[precision]
 
 
 def write_model_directory(path: Path, manifest: ModelManifest, tokens: list[str]) -> None:
@@ -126,7 +140,12 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
     vocab = manifest.dimensions.get("vocab_size")
     if vocab is not None and vocab != len(tokens):
         raise ModelLoadError(f"{path / TOKENS_FILE}: {len(tokens)} tokens, the model has {vocab}")
-    for precision, name in manifest.files.items():
+    if manifest.architecture == "paraformer" and set(manifest.decoder_files) != set(manifest.files):
+        raise ModelLoadError(
+            f"{path} holds a single-graph Paraformer export, from before the encoder and decoder became two "
+            "graphs (the decoder now runs on the tokens, not the frames): re-export it with `python -m export "
+            "paraformer` (or `python -m export pull`) into a new directory", path=str(path))
+    for precision, name in list(manifest.files.items()) + list(manifest.decoder_files.items()):
         if precision not in PRECISIONS:
             raise ModelLoadError(f"{manifest_path}: unknown precision {precision!r}")
         if not (path / name).is_file():

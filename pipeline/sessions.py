@@ -1,4 +1,5 @@
-"""Creating the engine's ONNX Runtime sessions: one per (batch size, container) pair of the grid.
+"""Creating the engine's ONNX Runtime sessions: one per (batch size, container) pair of the grid, and for a
+Paraformer's decoder one per (container, token container) (pipeline/paraformer_stages.py).
 
     SessionOptions   intra-op threads, sequential execution, every free dimension fixed with
                      add_free_dimension_override_by_name (batch = the row count, samples = the container),
@@ -22,7 +23,8 @@ import onnxruntime as ort
 
 from .errors import ModelLoadError, ProviderError
 from .initializers import read_initializers
-from .modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, signature
+from .audio import encoder_frames
+from .modeldir import DECODER_FREE_DIMENSIONS, DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, signature
 from .providers import ProviderConfig, SessionRunner
 
 log = logging.getLogger(__name__)
@@ -40,15 +42,24 @@ def load_shared_weights(path: Path) -> SharedWeights:
     return {name: (a, ort.OrtValue.ortvalue_from_numpy(a)) for name, a in arrays.items()}
 
 
+def free_dimensions(batch: int, size: int, tokens: int = 0) -> dict[str, int]:
+    """The overrides that fix every free dimension: batch and samples, or for a Paraformer decoder
+    (`tokens` > 0) batch, the container's encoder frames and the token rows; only the batch with size 0."""
+    if not size:
+        return {FREE_DIMENSIONS[0]: batch}
+    if tokens:
+        return dict(zip(DECODER_FREE_DIMENSIONS, (batch, encoder_frames(size), tokens)))
+    return dict(zip(FREE_DIMENSIONS, (batch, size)))
+
+
 def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
-                    shared: SharedWeights) -> ort.SessionOptions:
+                    shared: SharedWeights, tokens: int = 0) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_mem_pattern = config.enable_mem_pattern
-    batch_dim, samples_dim = FREE_DIMENSIONS
-    so.add_free_dimension_override_by_name(batch_dim, batch)
-    so.add_free_dimension_override_by_name(samples_dim, size)
+    for name, value in free_dimensions(batch, size, tokens).items():
+        so.add_free_dimension_override_by_name(name, value)
     for key, value in config.session_config.items():
         so.add_session_config_entry(key, value)
     if shared:
@@ -61,10 +72,12 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
 
 
 def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
-                   shared: SharedWeights, device_id: int, architecture: str) -> SessionRunner:
-    """One session of the grid; ModelLoadError (the graph) or ProviderError (the device) when it fails."""
+                   shared: SharedWeights, device_id: int, architecture: str, tokens: int = 0) -> SessionRunner:
+    """One session of the grid (`tokens` > 0: a Paraformer decoder's, for that many token rows; `size` 0: one
+    session for every shape of the grid, see runner_on); ModelLoadError (the graph) or
+    ProviderError (the device) when it fails."""
     try:
-        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared),
+        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared, tokens),
                                        providers=list(config.providers),
                                        provider_options=list(config.provider_options))
     except Exception as exc:  # ORT raises its own classes (InvalidProtobuf, Fail, EPFail, ...)
@@ -77,22 +90,34 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
                             f"{config.provider} (see its warnings above)", device=config.device)
     if config.device != "cpu":
         session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-    check_signature(session, path, architecture)
+    check_signature(session, path, architecture, decoder=tokens > 0, fixed=bool(size))
     return SessionRunner(session, batch, size, config, device_id)
 
 
-def check_signature(session: ort.InferenceSession, path: Path, architecture: str) -> None:
+def runner_on(runner: SessionRunner, batch: int, size: int) -> SessionRunner:
+    """Another runner, for one shape of the grid, on `runner`'s session (created with size 0: only the
+    batch fixed). On the CPU, which compiles nothing per shape, one session then serves every shape of a
+    graph: calls still come only in the grid's shapes, each warmed through its own runner, and the session
+    holds one prepacked copy of the weights. Weights shared with add_initializer instead cannot be
+    prepacked, so every run repacks them (measured, full-size Paraformer int8 on 2 cores: a 1 s clip's
+    encoder 0.077 s against 0.049 s; fp32 loses more)."""
+    return SessionRunner(runner.session, batch, size, runner.config, runner.device_id)
+
+
+def check_signature(session: ort.InferenceSession, path: Path, architecture: str, decoder: bool = False,
+                    fixed: bool = True) -> None:
     inputs = {i.name: i.shape for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    input_names, output_names = signature(architecture)
+    input_names, output_names = signature(architecture, decoder)
     if set(inputs) != set(input_names) or set(outputs) not in (set(output_names),
                                                                 set(output_names) | set(DECODING_OUTPUT_NAMES)):
         raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
                              f"{list(input_names)} -> {list(output_names)} (plus, optionally, "
                              f"{list(DECODING_OUTPUT_NAMES)})", path=str(path))
     free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
-    if free:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
-        raise ModelLoadError(f"{path}: inputs with free dimensions other than {FREE_DIMENSIONS}: {free}")
+    if free and fixed:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
+        raise ModelLoadError(f"{path}: inputs with free dimensions other than "
+                             f"{DECODER_FREE_DIMENSIONS if decoder else FREE_DIMENSIONS}: {free}")
 
 
 def release_free_memory() -> None:

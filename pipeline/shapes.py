@@ -20,6 +20,17 @@ DEFAULT_GPU_CONTAINERS: tuple[float, ...] = (30.0,)
 # Measured (docs/benchmarks.md): a 1.5-2 s utterance or partial costs half in a 2 s container what it
 # costs in a 4 s one, and the finer ladder doubled the streams one CPU carries.
 DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+# A Paraformer on the CPU runs one session per graph for all its shapes (pipeline/sessions.py runner_on),
+# so a rung costs only its warm-up: a finer ladder (steps of at most 1.33x) keeps the padding small.
+DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0,
+                                                        25.0, 30.0)
+# Token containers of a Paraformer's decoder (pipeline/paraformer_stages.py): the CIF count picks the
+# smallest that holds it; each audio container adds its own frames + 1, which holds any count. GPUs hold
+# a session (and its weights) per token container, so their ladder is coarse; the CPU's rungs cost only
+# their warm-up, so it steps by at most 1.25x (the decoder is about a fifth of a clip's time).
+DEFAULT_TOKEN_CONTAINERS: tuple[int, ...] = (16, 32, 64, 128, 256)
+DEFAULT_CPU_TOKEN_CONTAINERS: tuple[int, ...] = (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
+                                                 160, 192, 224, 256, 320, 384, 448)
 MAX_CONTAINER_SECONDS = 60.0  # a sanity bound for CLI input; the segmenter caps segments at 30 s
 
 
@@ -86,3 +97,11 @@ def parse_containers(text: str) -> tuple[float, ...]:
 
 def format_containers(containers: tuple[float, ...]) -> str:
     return ",".join(f"{c:g}" for c in containers)
+
+
+def token_containers(frames: int, ladder: tuple[int, ...] = DEFAULT_TOKEN_CONTAINERS) -> tuple[int, ...]:
+    """The token containers of an audio container of `frames` encoder frames: the ladder's rungs below
+    frames + 1, then frames + 1 (CIF fires at most once per frame, plus the tail frame)."""
+    top = frames + 1
+    return tuple(k for k in sorted(ladder) if k < top) + (top,)
+

@@ -19,10 +19,14 @@ import soundfile
 import yaml
 
 from export.__main__ import main
-from export.verify import make_session
+from export.verify_paraformer import Stages, decode, run_encoder
 from pipeline.audio import seconds_to_samples
+from pipeline.engine import Engine
+from pipeline.errors import ModelLoadError
 from pipeline.modeldir import read_model_directory
-from pipeline.paraformer_decoding import ParaformerOutput, decode_paraformer
+from pipeline.paraformer_decoding import decode_paraformer
+from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS
+from server.cli import main as cli_main
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer"
 CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))
@@ -54,25 +58,68 @@ def test_verify_passes(paraformer_model_dir: Path, capsys: pytest.CaptureFixture
     assert report["passed"] and report["tokens_equal"] and report["static_shapes"]
     assert report["forbidden_ops"] == [] and report["max_abs_err"] <= 4e-6
     assert all(r["max_abs_err"] == 0 for r in report["precisions"]["int8"].values())  # int8: bit-identical
+    # The 8 s container's decoder runs on the CPU's token containers up to 128, or 134 (its frames + 1) rows;
+    # every one that holds a clip's count is compared with the decoder alone, int8 identical across them.
+    for results in report["precisions"].values():
+        for result in results.values():
+            served = [int(k) for k in result["token_containers"]]
+            assert served == [k for k in DEFAULT_CPU_TOKEN_CONTAINERS[:17] + (134,) if k >= result["tokens"]]
+            assert result["token_containers_identical"]
+
+
+def test_fsmn_blocks_are_two_dimensional_depthwise_convs(paraformer_model_dir: Path) -> None:
+    """Every FSMN memory block (encoder and decoder, fp32 and int8) is a 2-D conv of height 1 with 4-D
+    weights: ONNX Runtime's CPU provider runs those as blocked (NCHWc) depthwise kernels, 3-4x faster than
+    the 1-D conv between transposes they replaced (models/sensevoice.py fsmn_memory)."""
+    import onnx
+
+    directory = read_model_directory(paraformer_model_dir)
+    for precision in ("fp32", "int8"):
+        for decoder in (False, True):
+            graph = onnx.load(str(directory.onnx_path(precision, decoder=decoder))).graph
+            weights = {i.name: list(i.dims) for i in graph.initializer}
+            grouped = [n for n in graph.node if n.op_type == "Conv"
+                       and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+            blocks = directory.manifest.dimensions["decoder_blocks" if decoder else "num_blocks"]
+            assert len(grouped) >= blocks
+            assert all(len(weights[n.input[1]]) == 4 and weights[n.input[1]][2] == 1 for n in grouped)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_onnx_matches_funasr_in_a_larger_container(paraformer_model_dir: Path, precision: str) -> None:
+    """Both stages, the decoder alone and on each token container of the 5 s container: FunASR's output."""
     directory = read_model_directory(paraformer_model_dir)
     audio, _ = soundfile.read(FIXTURE / "audio.wav", dtype="float32")
     container = np.zeros(seconds_to_samples(5.0), np.float32)
     container[: len(audio)] = audio
-    session = make_session(directory.onnx_path(precision), len(container))
-    feeds = {"audio": container[None], "audio_lengths": np.array([len(audio)], np.int32)}
-    result = ParaformerOutput.from_graph(session.run(None, feeds))
-    if precision == "int8":  # quantised weights: the same model, not the same numbers
-        assert len(result.token_ids) == CONFIG["result"]["token_count"]
-        return
-    np.testing.assert_array_equal(result.token_ids, REFERENCE["token_ids"])
-    best = REFERENCE["logprobs"][: len(result.token_ids)].max(-1)
-    np.testing.assert_allclose(result.token_logprobs, best, atol=LOGPROB_TOL)
-    np.testing.assert_allclose(result.peaks, REFERENCE["peaks"], atol=LOGPROB_TOL)
-    assert decode_paraformer(result, directory.tokens).text == CONFIG["result"]["text"]
+    stages = Stages(directory, precision, len(container), "cpu")
+    first = run_encoder(stages.encoder_padded, container, len(audio))
+    count = int(first["token_counts"][0])
+    served = [k for k in stages.token_containers if k >= count]
+    assert len(served) >= 2 and count > 0  # at least one ladder rung and the container's frames + 1
+    results = [decode(stages.decoders[k], first, k) for k in served] + [decode(stages.decoder_alone, first, count)]
+    for result in results:
+        if precision == "int8":  # quantised weights: the same model, not the same numbers; equal across containers
+            assert len(result.token_ids) == CONFIG["result"]["token_count"]
+            np.testing.assert_array_equal(result.token_logprobs, results[0].token_logprobs)
+            continue
+        np.testing.assert_array_equal(result.token_ids, REFERENCE["token_ids"])
+        best = REFERENCE["logprobs"][: len(result.token_ids)].max(-1)
+        np.testing.assert_allclose(result.token_logprobs, best, atol=LOGPROB_TOL)
+        np.testing.assert_allclose(result.peaks, REFERENCE["peaks"], atol=LOGPROB_TOL)
+        assert decode_paraformer(result, directory.tokens).text == CONFIG["result"]["text"]
+
+
+def test_a_single_graph_export_asks_for_a_re_export(paraformer_model_dir: Path, tmp_path: Path) -> None:
+    """A directory from before the two-stage split (no decoder graphs) is refused with what to do."""
+    old = tmp_path / "old"
+    shutil.copytree(paraformer_model_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text(encoding="utf-8"))
+    del manifest["decoder_files"]
+    (old / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(ModelLoadError, match="single-graph Paraformer export.*re-export it with `python -m export paraformer`"):
+        Engine(old)
+    assert cli_main(["--model", str(old)]) == 2
 
 
 def test_another_architecture_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

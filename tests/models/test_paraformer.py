@@ -128,6 +128,22 @@ def test_padding_invariance(model, audio):
         np.testing.assert_allclose(getattr(alone, name), getattr(padded, name), atol=4e-6)
 
 
+@pytest.mark.parametrize("rows", ["count", "count + 3", "all"])
+def test_decoder_stage_on_fewer_token_rows(model, audio, rows):
+    """Stage two on the first K >= count token rows (a token container) gives the valid rows of all T + 1."""
+    samples = torch.from_numpy(np.pad(audio, (0, 3 * SAMPLE_RATE)))[None]
+    with torch.no_grad():
+        memory, lengths, embeddings, counts, *_ = model.encoder_stage(samples, torch.tensor([len(audio)]))
+        count = int(counts[0])
+        k = {"count": count, "count + 3": count + 3, "all": embeddings.shape[1]}[rows]
+        ids, logprobs = model.decoder_stage(memory, lengths, embeddings[:, :k], counts)
+        all_ids, all_logprobs = model.decoder_stage(memory, lengths, embeddings, counts)
+    assert 0 < count < embeddings.shape[1] - 3
+    np.testing.assert_array_equal(ids[0, :count], all_ids[0, :count])
+    np.testing.assert_allclose(logprobs[0, :count], all_logprobs[0, :count], atol=1e-6)
+    assert not ids[0, count:].any() and not logprobs[0, count:].any()
+
+
 def test_silence_gives_no_tokens(model, audio):
     """A predictor that sees no speech (alphas near 0): only the 0.45 tail, below one token."""
     quiet = Paraformer(model.dims)

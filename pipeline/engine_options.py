@@ -1,0 +1,82 @@
+"""The engine's options, its counters, and the defaults that depend on the device (pipeline/engine.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .batching import validate_batch_sizes
+from .providers import DEVICES
+from .shapes import (DEFAULT_CPU_CONTAINERS, DEFAULT_CPU_TOKEN_CONTAINERS, DEFAULT_GPU_CONTAINERS,
+                     DEFAULT_PARAFORMER_CPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, ShapePolicy)
+
+PRECISION_CHOICES = ("auto", "fp32", "int8", "fp16")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "directml"; see providers.resolve_device for the CLI/env
+    precision: str = "auto"  # "auto" | "fp32" | "int8" | "fp16"
+    containers: tuple[float, ...] | None = None  # seconds; None: the provider's default (pipeline/shapes.py)
+    batch_sizes: tuple[int, ...] | None = None  # rows per run; None: the device's default (pipeline/batching.py)
+    threads: int = 0  # intra_op_num_threads; 0: ONNX Runtime's default (one per physical core)
+    device_id: int | None = None  # GPU / DirectML adapter index; None: CUDA 0, DirectML by preference
+    cuda_graph: bool = False  # CUDA only: capture each session's graph once and replay it (IO binding)
+    allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
+    dml_performance_preference: str = "high_performance"
+    # One copy of the weights for all CPU sessions (a Paraformer: one prepacked session per graph; without,
+    # a session per shape, each with its weights: hundreds with a Paraformer's default CPU ladders)
+    share_weights: bool = True
+    # A Paraformer decoder's token containers; None: the device's default (pipeline/shapes.py)
+    token_containers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.precision not in PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}")
+        if self.containers is not None:
+            ShapePolicy(self.containers)  # raises ValueError when invalid
+        if self.batch_sizes is not None:
+            object.__setattr__(self, "batch_sizes", validate_batch_sizes(self.batch_sizes))
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.token_containers is not None and (not self.token_containers or min(self.token_containers) < 1):
+            raise ValueError(f"token containers must be positive row counts, got {self.token_containers}")
+
+
+@dataclass
+class EngineStats:
+    """Counters of one engine (mutated only by its thread; read anywhere for metrics)."""
+
+    calls: int = 0  # session runs that were attempted (one per batch)
+    failures: int = 0  # runs that raised InferenceError (the unwarmed ones included)
+    unwarmed_calls: int = 0
+    rebuilds: int = 0
+    rows: int = 0  # clips run
+    spare_rows: int = 0  # padding rows of partly filled batches
+    inference_seconds: float = 0.0  # total wall time inside ONNX Runtime
+    last_inference_seconds: float = 0.0
+    last_container: int = 0  # samples
+    last_batch: int = 0
+    load_seconds: float = 0.0
+    rss_before_load: int | None = None  # bytes, process resident set size
+    rss_after_load: int | None = None
+    shared_weight_bytes: int = 0  # weights held once for all sessions (0: each session has its own)
+    session_rss: dict[str, int] = field(default_factory=dict)  # "4x30s" -> host RSS grown by its creation + warm-up
+
+
+def choose_precision(requested: str, device: str, available: dict) -> str:
+    """auto: int8 on CPU (an int8 graph is a CPU optimisation), fp16 on GPUs, else fp32."""
+    if requested != "auto":
+        return requested
+    preferred = "int8" if device == "cpu" else "fp16"
+    return preferred if preferred in available else "fp32"
+
+
+def default_containers(device: str, architecture: str = "sensevoice") -> tuple[float, ...]:
+    if device != "cpu":
+        return DEFAULT_GPU_CONTAINERS
+    return DEFAULT_PARAFORMER_CPU_CONTAINERS if architecture == "paraformer" else DEFAULT_CPU_CONTAINERS
+
+
+def default_token_containers(device: str) -> tuple[int, ...]:
+    return DEFAULT_CPU_TOKEN_CONTAINERS if device == "cpu" else DEFAULT_TOKEN_CONTAINERS

@@ -1,0 +1,19 @@
+"""`python -m bench paraformer` times the serving path: the engine as the server builds it, both stages, every
+decoder shape warmed (FunASR's own tiny Paraformer, conftest's `paraformer_model_dir`)."""
+from __future__ import annotations
+
+import json
+
+from bench.cli import main
+from pipeline.audio import encoder_frames, seconds_to_samples
+from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS, token_containers
+
+
+def test_the_paraformer_bench_times_the_serving_path(paraformer_model_dir, capsys) -> None:
+    argv = ["paraformer", str(paraformer_model_dir), "--precision", "int8", "--lengths", "0.5,3",
+            "--containers", "1,4", "--repeats", "1"]
+    assert main(argv) == 0
+    part = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["precisions"]["int8"]
+    frames = [encoder_frames(seconds_to_samples(c)) for c in (1.0, 4.0)]
+    assert part["decoder_shapes"] == sum(len(token_containers(f, DEFAULT_CPU_TOKEN_CONTAINERS)) for f in frames)
+    assert part["unwarmed_calls"] == 0 and set(part["ours"]) == {"0.5", "3"} and part["tokens"]["3"] > 0
