@@ -3,8 +3,8 @@
 The reference is the `qwen-asr` package (`qwen_asr/core/transformers_backend/`): its module tree is
 `thinker.audio_tower` (models/qwen3_audio.py), `thinker.model` (models/qwen3_text.py) and
 `thinker.lm_head`, and so are our state_dict keys. Input is the Whisper-style 128-bin log-mel the
-reference's WhisperFeatureExtractor makes, in a container of whole 100-frame chunks, plus its valid
-length; three fixed-shape stages follow: `encode`, `prefill`, `step`, and `greedy_decode` drives them.
+reference's WhisperFeatureExtractor makes (`features`, from raw audio: models/qwen3_frontend.py), in a
+container of whole 100-frame chunks, plus its valid length; three fixed-shape stages follow: `encode`, `prefill`, `step`, and `greedy_decode` drives them.
 
 Released geometries (config.json of Qwen/Qwen3-ASR-0.6B and -1.7B on the Hugging Face hub, which this
 machine cannot reach; the values as mirrored in public ports: 0.6B in the test configs of the MLX and
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .qwen3_audio import AudioEncoder, audio_token_lengths
+from .qwen3_frontend import WhisperLogMel
 from .qwen3_text import TextModel
 
 
@@ -143,7 +144,13 @@ class Qwen3ASR(nn.Module):
     def __init__(self, dims: Qwen3ASRDimensions) -> None:
         super().__init__()
         self.dims = dims
+        self.frontend = WhisperLogMel(dims.audio.num_mel_bins)  # constants only: the state_dict stays the reference's
         self.thinker = Thinker(dims)
+
+    def features(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio [B, N] (N a whole number of seconds, so the mel is whole 100-frame chunks), valid samples [B]
+        -> (log-mel [B, n_mels, N / 160], mel lengths [B])."""
+        return self.frontend(audio, audio_lengths)
 
     def encode(self, mel: torch.Tensor, mel_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """mel [B, n_mels, C * 100], mel_lengths [B] -> (audio embeddings [B, C * 13, H], token lengths [B])."""

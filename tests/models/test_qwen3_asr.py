@@ -3,8 +3,9 @@
 tests/fixtures/qwen3/ was made by tests/fixtures/make_qwen3_fixture.py: the reference
 Qwen3ASRForConditionalGeneration at the tiny preset with seeded random weights, on three clips (several
 attention windows with a partial tail chunk; whole chunks; a lone chunk under 1 s). Our model loads its
-state_dict strictly and must match its encoder output and prefill logits within 1e-4 (fp32) and its greedy
-tokens exactly, with each clip alone and padded into a larger fixed container.
+state_dict strictly and must match its WhisperFeatureExtractor's log-mel (computed here from raw audio),
+its encoder output and prefill logits within 1e-4 (fp32) and its greedy tokens exactly, with each clip
+alone and padded into a larger fixed container.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 import torch
 
 from models.qwen3_asr import Qwen3ASR, Qwen3ASRDimensions, build_prompt_ids, load_qwen3_state, prompt_capacity
@@ -23,6 +25,7 @@ CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))
 REFERENCE = np.load(FIXTURE / "reference.npz")
 CLIPS = list(CONFIG["clips"])
 TOL = 1e-4
+FEATURE_TOL = 1e-4  # float32 DFT-as-conv against torch.stft (measured 3.0e-5)
 CONTAINER_FRAMES = 800  # 8 s: larger than every clip, several attention windows of the tiny preset
 
 
@@ -107,3 +110,27 @@ def test_state_dict_is_the_references(model):
     assert set(state) == set(model.state_dict())
     with pytest.raises(ValueError, match="missing"):
         load_qwen3_state(Qwen3ASR(model.dims), {k: v for k, v in state.items() if "proj2" not in k})
+
+
+def clip_audio(clip: str) -> np.ndarray:
+    samples, rate = soundfile.read(FIXTURE.parent / "three_utterances.wav", dtype="float32")
+    start, seconds = CONFIG["clips"][clip]
+    return samples[int(start * rate): int(start * rate) + int(seconds * rate)]
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_features_from_raw_audio_match_whisper_feature_extractor(model, clip):
+    audio = clip_audio(clip)
+    expected = REFERENCE[f"mel_{clip}"]
+    container = np.zeros((1, 8 * 16000), dtype=np.float32)
+    container[0, : len(audio)] = audio
+    container[0, len(audio):] = 0.5  # garbage past the valid length must not be read
+    with torch.no_grad():
+        alone, alone_lengths = model.features(torch.from_numpy(audio[None]), torch.tensor([len(audio)]))
+        padded, padded_lengths = model.features(torch.from_numpy(container), torch.tensor([len(audio)]))
+    assert int(alone_lengths[0]) == int(padded_lengths[0]) == expected.shape[1]
+    np.testing.assert_allclose(alone[0].numpy(), expected, atol=FEATURE_TOL, rtol=0)
+    np.testing.assert_allclose(padded[0, :, : expected.shape[1]].numpy(), expected, atol=FEATURE_TOL, rtol=0)
+    assert not padded[0, :, expected.shape[1]:].any()
+    tokens = model.greedy_decode(padded, padded_lengths, max_new_tokens=CONFIG["max_new_tokens"])
+    assert tokens == [REFERENCE[f"tokens_{clip}"].tolist()]
