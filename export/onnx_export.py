@@ -88,8 +88,9 @@ def forbidden_ops(histogram: dict[str, int]) -> list[str]:
     return sorted(op for op in histogram if op in FORBIDDEN_OPS)
 
 
-def non_static_shapes(path: Path, samples: int) -> list[str]:
-    """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed.
+def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None = None) -> list[str]:
+    """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed (or the
+    free dimensions named in `overrides`, for graphs with other free axes).
 
     ONNX Runtime applies the free-dimension overrides and folds the shape arithmetic exactly as a
     serving session does; ONNX shape inference over that optimised graph then finds what is left.
@@ -100,8 +101,8 @@ def non_static_shapes(path: Path, samples: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         optimized = Path(tmp) / "optimized.onnx"
         options = ort.SessionOptions()
-        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], 1)
-        options.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+        for name, value in (overrides or {FREE_DIMENSIONS[0]: 1, FREE_DIMENSIONS[1]: samples}).items():
+            options.add_free_dimension_override_by_name(name, value)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(optimized)
         if _has_external_data(path):
@@ -126,24 +127,15 @@ def _has_external_data(path: Path) -> bool:
 def write_model_dir(
     model, tokens: list[str], out: Path, manifest: ModelManifest, precisions: tuple[str, ...], overwrite: bool = False
 ) -> Path:
-    """Export `model` in each precision into `out`, atomically: built in a temporary sibling directory,
-    renamed into place at the end, so a failure or interruption leaves no half-written directory."""
-    from tqdm import tqdm
-
+    """Export `model` in each precision into `out`, atomically (write_graphs_atomically)."""
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         raise ValueError(f"unknown precision {unknown[0]!r} (choose from {', '.join(PRECISIONS)})")
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:  # the error would name the temporary directory, not the one asked for
-        raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
-    try:
+    from tqdm import tqdm
+
+    def build(tmp: Path) -> ModelManifest:
         steps = ["fp32"] + [p for p in precisions if p != "fp32"]
-        with tqdm(total=len(steps), desc=f"export {out.name}", unit="graph", disable=None) as progress:
+        with tqdm(total=len(steps), desc=f"export {Path(out).name}", unit="graph", disable=None) as progress:
             for precision in steps:
                 progress.set_postfix_str(precision)
                 target = tmp / ONNX_FILES[precision]
@@ -161,7 +153,26 @@ def write_model_dir(
         if "fp32" not in precisions:
             (tmp / ONNX_FILES["fp32"]).unlink()
         files = {p: ONNX_FILES[p] for p in steps if p in precisions}
-        write_model_directory(tmp, _with_files(manifest, files, top_k), tokens)
+        return _with_files(manifest, files, top_k)
+
+    return write_graphs_atomically(out, build, manifest, tokens, overwrite)
+
+
+def write_graphs_atomically(out: Path, build, manifest: ModelManifest, tokens: list[str], overwrite: bool = False) -> Path:
+    """Create the model directory `out` atomically: `build(tmp)` writes the graphs into a temporary sibling
+    directory (and may return the final manifest), manifest.json and tokens.txt follow, and the directory is
+    renamed into place at the end, so a failure or interruption leaves no half-written directory."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:  # the error would name the temporary directory, not the one asked for
+        raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
+    try:
+        manifest = build(tmp) or manifest
+        write_model_directory(tmp, manifest, tokens)
         os.chmod(tmp, 0o755)
         if out.exists():
             shutil.rmtree(out)

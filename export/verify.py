@@ -44,14 +44,18 @@ DEFAULT_LENGTHS = (5.0, 10.0, 29.0)
 BATCH_ROWS = 4  # the batch-invariance check: the clip as row 0, other speech-like clips in the other rows
 
 
-def make_session(path: Path, samples: int | None, device: str = "cpu", batch: int = 1):
-    """A plain session on `device` (the engine's provider settings, so TF32 is off on CUDA)."""
+def make_session(path: Path, samples: int | None, device: str = "cpu", batch: int = 1,
+                 overrides: dict[str, int] | None = None):
+    """A plain session on `device` (the engine's provider settings, so TF32 is off on CUDA); free dimensions
+    fixed at batch/samples, or at `overrides` (name -> size) for graphs with other free axes."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if samples is not None:
         options.add_free_dimension_override_by_name(FREE_DIMENSIONS[0], batch)
         options.add_free_dimension_override_by_name(FREE_DIMENSIONS[1], samples)
+    for name, value in (overrides or {}).items():
+        options.add_free_dimension_override_by_name(name, value)
     config = provider_config(device)
     session = ort.InferenceSession(str(path), options, providers=list(config.providers),
                                    provider_options=list(config.provider_options))
@@ -103,6 +107,10 @@ def errors(a: np.ndarray, b: np.ndarray) -> dict:
 def verify(model_dir: Path, precisions: list[str] | None, container: float | None, lengths: tuple[float, ...],
            device: str = "cpu") -> dict:
     directory = read_model_directory(model_dir)
+    if directory.manifest.architecture == "qwen3-asr":
+        from .verify_qwen3 import verify as verify_qwen3
+
+        return verify_qwen3(directory, precisions, lengths, device)
     container = container or directory.manifest.container_seconds
     container_samples = int(round(container * SAMPLE_RATE))
     too_long = [s for s in lengths if s * SAMPLE_RATE > container_samples]

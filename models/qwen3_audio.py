@@ -103,7 +103,7 @@ class AudioEncoder(nn.Module):
         positions = sinusoids(dims.max_source_positions, dims.d_model)[: dims.tokens_per_chunk]
         self.register_buffer("positional_embedding", positions, persistent=False)
 
-    def chunk_tokens(self, mel: torch.Tensor, mel_lengths: torch.Tensor) -> torch.Tensor:
+    def chunk_tokens(self, mel: torch.Tensor, mel_lengths: torch.Tensor, token_lengths: torch.Tensor) -> torch.Tensor:
         """Conv2d stack over each 100-frame chunk: [B, n_mels, C * 100] -> [B, C * 13, d_model].
 
         The reference convolves a lone chunk (audio of at most 100 frames) at its own length but pads the
@@ -123,13 +123,15 @@ class AudioEncoder(nn.Module):
             length = conv_output_length(length)
             steps = torch.ones_like(x[:, 0, 0, :], dtype=torch.int64).cumsum(1)  # [B*C, t] 1-based
             x = x * (steps <= length).to(x.dtype)[:, None, None, :]
-        x = self.conv_out(x.permute(0, 3, 1, 2).flatten(2)) + self.positional_embedding.to(x.dtype)
-        return x.unflatten(0, (-1, chunks)).flatten(1, 2)
+        x = x.permute(0, 3, 1, 2).flatten(2).unflatten(0, (-1, chunks)).flatten(1, 2)  # [B, C * 13, hidden * bins]
+        # Rows of padded tokens zeroed before the MatMul: int8 dynamic quantisation measures its input's range.
+        x = self.conv_out(x * time_mask(x, token_lengths))
+        return x + self.positional_embedding.to(x.dtype).repeat(chunks, 1)
 
     def forward(self, mel: torch.Tensor, mel_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mel_lengths = mel_lengths.to(torch.int64)
         token_lengths = audio_token_lengths(mel_lengths, self.dims.chunk_frames)
-        x = self.chunk_tokens(mel, mel_lengths)
+        x = self.chunk_tokens(mel, mel_lengths, token_lengths)
         tokens = x.shape[1]
         window = self.dims.window_tokens
         padded = -(-tokens // window) * window

@@ -54,9 +54,10 @@ class TextAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, dims.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, dims.rms_norm_eps)
 
-    def forward(self, x, cos, sin, attention_bias, past_keys=None, past_values=None):
-        """x [B, T, H]; cos/sin [B, 1, T, hd]; attention_bias [B, 1, T, S + T] over (past slots, new);
-        past_keys/values [B, kv_heads, S, hd] or None. Returns (out [B, T, H], keys, values [B, kv, T, hd])."""
+    def forward(self, x, cos, sin, attention_bias, mask, past_keys=None, past_values=None):
+        """x [B, T, H]; cos/sin [B, 1, T, hd]; attention_bias [B, 1, T, S + T] over (past slots, new); mask
+        [B, T, 1] of valid rows; past_keys/values [B, kv_heads, S, hd] or None.
+        Returns (out [B, T, H], keys, values [B, kv, T, hd])."""
         q = self.q_norm(self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))).transpose(1, 2)
         v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim)).transpose(1, 2)
@@ -70,7 +71,7 @@ class TextAttention(nn.Module):
         scores = torch.matmul(q * self.head_dim**-0.5, keys[:, :, None].transpose(-2, -1))
         scores = scores + attention_bias[:, :, None]
         context = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), values[:, :, None])
-        out = self.o_proj(context.flatten(1, 2).transpose(1, 2).flatten(2))
+        out = self.o_proj(context.flatten(1, 2).transpose(1, 2).flatten(2) * mask)
         return out, k, v
 
 
@@ -93,10 +94,11 @@ class TextDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
 
-    def forward(self, x, cos, sin, attention_bias, past_keys=None, past_values=None):
-        attention, k, v = self.self_attn(self.input_layernorm(x), cos, sin, attention_bias, past_keys, past_values)
+    def forward(self, x, cos, sin, attention_bias, mask, past_keys=None, past_values=None):
+        """Padded rows (mask 0) stay exactly zero: int8 dynamic quantisation measures each MatMul input's range."""
+        attention, k, v = self.self_attn(self.input_layernorm(x), cos, sin, attention_bias, mask, past_keys, past_values)
         x = x + attention
-        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+        return x + self.mlp(self.post_attention_layernorm(x)) * mask, k, v
 
 
 class TextModel(nn.Module):
@@ -131,7 +133,7 @@ class TextModel(nn.Module):
         x = prompt_embeds * valid[:, :, None]
         keys, values = [], []
         for layer in self.layers:
-            x, k, v = layer(x, cos, sin, attention_bias)
+            x, k, v = layer(x, cos, sin, attention_bias, valid[:, :, None])
             keys.append(k)
             values.append(v)
         last = torch.clamp(prompt_lengths.to(torch.int64) - 1, min=0)[:, None, None].expand(-1, 1, x.shape[-1])
@@ -149,7 +151,7 @@ class TextModel(nn.Module):
         cos, sin = rotary(positions[:, None], self.inv_freq, x.dtype)
         keys, values = [], []
         for index, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, attention_bias, cache_keys[index], cache_values[index])
+            x, k, v = layer(x, cos, sin, attention_bias, 1.0, cache_keys[index], cache_values[index])
             keys.append(k)
             values.append(v)
         return self.norm(x[:, 0]), torch.stack(keys), torch.stack(values)

@@ -69,6 +69,9 @@ class ModelManifest:
     # One line for the people using the server (the browser page, the startup log) when the name and
     # languages would mislead, e.g. what a demo model recognises; empty for a general model.
     notice: str = ""
+    # Families served by several graphs (architecture "qwen3-asr": export/qwen3_asr.py): precision ->
+    # graph name -> file; `files` then names each precision's first graph. Empty for one-graph families.
+    graphs: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
@@ -131,4 +134,8 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
             raise ModelLoadError(f"{manifest_path}: unknown precision {precision!r}")
         if not (path / name).is_file():
             raise ModelLoadError(f"{path / name} is missing (listed in the manifest)")
+    for precision, graphs in manifest.graphs.items():
+        for name in graphs.values():
+            if not (path / name).is_file():
+                raise ModelLoadError(f"{path / name} is missing (listed in the manifest)")
     return ModelDirectory(path=path, manifest=manifest, tokens=tokens)
