@@ -14,6 +14,7 @@ COMMANDS = {
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
     "qwen3-asr": ("export.qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
+    "bench-qwen3": ("export.bench_qwen3", "CPU seconds of a Qwen3-ASR directory: encoder, prefill, per token, a whole utterance"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
     "add-decoding": ("export.decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),

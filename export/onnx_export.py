@@ -49,10 +49,10 @@ def export_onnx(model, path: Path, opset: int = OPSET) -> None:
             model, example, input_names=list(input_names), output_names=list(output_names),
             dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False, verbose=False,
         )
-    program.save(str(path), external_data=_needs_external_data(model))
+    program.save(str(path), external_data=needs_external_data(model))
 
 
-def _needs_external_data(model) -> bool:
+def needs_external_data(model) -> bool:
     return sum(p.numel() * p.element_size() for p in model.state_dict().values()) > 1_800_000_000
 
 

@@ -27,7 +27,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelManifest
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 
-from .onnx_export import OPSET, quantize_int8, write_graphs_atomically
+from .onnx_export import OPSET, needs_external_data, quantize_int8, write_graphs_atomically
 from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 
 DEFAULT_SEED = 20261124
@@ -95,7 +95,8 @@ def export_graphs(model, directory: Path, shapes: Qwen3Shapes) -> None:
         with torch.no_grad():
             program = torch.onnx.export(graph.eval(), example, input_names=list(inputs), output_names=list(outputs),
                                         dynamic_shapes=dynamic, opset_version=OPSET, dynamo=True, verbose=False)
-        program.save(str(directory / GRAPH_FILES["fp32"][name]))
+        # Past protobuf's 2 GB (the 0.6B decoder: 2.4 GB in fp32) the weights go to "<file>.data".
+        program.save(str(directory / GRAPH_FILES["fp32"][name]), external_data=needs_external_data(model))
 
 
 def synthetic_tokens(dims) -> list[str]:
@@ -136,7 +137,8 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
                     quantize_int8(directory / GRAPH_FILES["fp32"][graph], directory / file)
         if "fp32" not in precisions:
             for file in GRAPH_FILES["fp32"].values():
-                (directory / file).unlink()
+                for path in directory.glob(f"{file}*"):  # the graph and its external weights
+                    path.unlink()
 
     dims = model.dims.to_dict() | {"shapes": vars(shapes), "vocab_size": model.dims.text.vocab_size}
     manifest = ModelManifest(

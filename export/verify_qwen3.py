@@ -50,15 +50,24 @@ def sessions(directory: ModelDirectory, precision: str, device: str, samples: in
     return made, overrides
 
 
-def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tuple[float, ...], device: str) -> dict:
-    manifest = directory.manifest
-    dims, shapes = manifest.dimensions, Qwen3Shapes.from_dimensions(manifest.dimensions)
+def window_geometry(dims: dict) -> tuple[int, int]:
+    """(samples, audio tokens) of one attention window, from the manifest's dimensions."""
     chunk_frames = tokens = 2 * dims["audio"]["n_window"]
     for _ in range(3):  # three stride-2 convolutions
         tokens = (tokens - 1) // 2 + 1
     window_tokens = tokens * (dims["audio"]["n_window_infer"] // chunk_frames)
-    window = dims["audio"]["n_window_infer"] * SAMPLE_RATE // 100  # 100 mel frames a second
-    audio_slots = shapes.container_samples // window * window_tokens
+    return dims["audio"]["n_window_infer"] * SAMPLE_RATE // 100, window_tokens  # 100 mel frames a second
+
+
+def audio_slots(dims: dict, shapes: Qwen3Shapes) -> int:
+    window, window_tokens = window_geometry(dims)
+    return shapes.container_samples // window * window_tokens
+
+
+def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tuple[float, ...], device: str) -> dict:
+    manifest = directory.manifest
+    dims, shapes = manifest.dimensions, Qwen3Shapes.from_dimensions(manifest.dimensions)
+    window, window_tokens = window_geometry(dims)
     too_long = [s for s in lengths if s * SAMPLE_RATE > shapes.container_samples]
     if too_long:
         raise ValueError(f"the container ({shapes.container_samples / SAMPLE_RATE:g} s) is shorter than the "
@@ -67,7 +76,7 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
                     "device": device, "precisions": {}}
     for precision in precisions or sorted(manifest.graphs):
         served, served_overrides = sessions(directory, precision, device, shapes.container_samples,
-                                            shapes.prompt_slots, audio_slots, shapes.cache_slots)
+                                            shapes.prompt_slots, audio_slots(dims, shapes), shapes.cache_slots)
         histogram: dict[str, int] = {}
         static_problems = []
         for graph in GRAPHS:

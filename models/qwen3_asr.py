@@ -138,6 +138,8 @@ class Thinker(nn.Module):
         self.audio_tower = AudioEncoder(dims.audio)
         self.model = TextModel(dims.text)
         self.lm_head = nn.Linear(dims.text.hidden_size, dims.text.vocab_size, bias=False)
+        if dims.text.tie_word_embeddings:  # one tensor, as in the reference (both keys in the state_dict)
+            self.lm_head.weight = self.model.embed_tokens.weight
 
 
 class Qwen3ASR(nn.Module):

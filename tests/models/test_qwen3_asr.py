@@ -134,3 +134,16 @@ def test_features_from_raw_audio_match_whisper_feature_extractor(model, clip):
     assert not padded[0, :, expected.shape[1]:].any()
     tokens = model.greedy_decode(padded, padded_lengths, max_new_tokens=CONFIG["max_new_tokens"])
     assert tokens == [REFERENCE[f"tokens_{clip}"].tolist()]
+
+
+def test_tied_embeddings_load_without_lm_head(model):
+    """The released 0.6B ties lm_head to the token embedding; its checkpoint may omit lm_head.weight."""
+    import dataclasses
+
+    dims = dataclasses.replace(model.dims, text=dataclasses.replace(model.dims.text, tie_word_embeddings=True))
+    tied = Qwen3ASR(dims)
+    state = {k: v for k, v in model.state_dict().items() if k != "thinker.lm_head.weight"}
+    load_qwen3_state(tied, state)
+    embedding = state["thinker.model.embed_tokens.weight"]
+    assert torch.equal(tied.thinker.lm_head.weight, embedding)
+    assert tied.thinker.lm_head.weight.data_ptr() == tied.thinker.model.embed_tokens.weight.data_ptr()
