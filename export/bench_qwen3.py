@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     made, _ = sessions(directory, args.precision, "cpu", shapes.container_samples, shapes.prompt_slots,
                        audio_slots(dims, shapes), shapes.cache_slots)
     decoder = Qwen3Decoder(made, dims["prompt"], shapes)
+    if not 0 < args.seconds * 16000 <= shapes.container_samples or args.tokens < 2:
+        raise ValueError(f"--seconds must fit the {shapes.container_samples / 16000:g} s container and --tokens be >= 2")
     audio = deterministic_waveform(args.seconds, seed=3)
     container = np.zeros((1, shapes.container_samples), np.float32)
     container[0, : len(audio)] = audio

@@ -83,3 +83,11 @@ def test_unsupported_precision_is_a_clear_error(tmp_path):
     done = run_export("--random-init", "tiny", "--out", str(tmp_path / "x"), "--precision", "fp16")
     assert done.returncode == 1 and "qwen3-asr exports fp32, int8 (not fp16 yet)" in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_bench_prints_its_figures(model_dir):
+    done = subprocess.run([sys.executable, "-m", "export", "bench-qwen3", str(model_dir), "--seconds", "3",
+                           "--tokens", "4", "--repeat", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["tokens"] == 4 and figures["encoder_s"] > 0 and figures["ms_per_token"] > 0
