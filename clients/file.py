@@ -31,8 +31,8 @@ import soxr
 
 from clients.client import DEFAULT_URL, ClientError, connect
 from clients.options import add_hotword_option
-from clients.subtitles import VTT_HEADER, cues_for_final, format_timestamp, srt_cue, vtt_cue
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
+from pipeline.subtitles import VTT_HEADER, cues_for_final, format_timestamp, srt_cue, vtt_cue
 from server.protocol import Final, Partial, encode
 
 EXIT_OK = 0

@@ -40,9 +40,11 @@ FATAL_STATUSES = (400, 401, 403, 404, 405, 426)
 
 @dataclass(frozen=True)
 class ResumeOptions:
-    attempts: int = 8  # connection attempts in a row (each after a backoff) before the stream fails
+    attempts: int = 8  # the stream's first connection (no audio is at stake yet): attempts before connect() fails
     backoff: float = 0.2  # seconds before the second attempt (the first is at once); doubles each time ...
     max_backoff: float = 5.0  # ... up to this, each wait drawn from its upper half (jitter)
+    # A lost connection is tried again for as long as the audio kept lasts (keep_seconds from the loss: what
+    # a live source says meanwhile is the next audio to keep), however many attempts that takes.
     keep_seconds: float = 60.0  # audio kept past the last final: a 30 s segment plus a margin for the server's lag
 
 
@@ -57,8 +59,9 @@ class Resumption:
     resume: Resume
     began: float  # time.monotonic() when the connection was found lost
     resumed: float  # ... and when the new connection had `ready`
-    attempts: int
-    reason: str
+    attempts: int  # connection attempts, the one that worked included
+    reason: str  # why the connection was lost
+    failures: tuple[str, ...] = ()  # why each failed attempt failed ("HTTP 429", "overloaded", "refused ...")
 
 
 class Backlog:
@@ -221,14 +224,17 @@ class ResumableStream(Stream):
             self._retry = None
             return dataclasses.replace(self.start, resume=self.backlog.resume(self.session))
 
-        ws, _, start_sent, attempts = await handshake_with_backoff(self._opener, start)
+        failures: list[str] = []
+        ws, _, start_sent = await handshake_with_backoff(self._opener, start, failures,
+                                                         deadline=began + self.options.keep_seconds)
         self._ws = ws
         if self._closing:
             return
         resume = start_sent.resume
         log.info("stream %s resumed at %.2f s, segment %d (attempt %d)", self.session, resume.time,
-                 resume.segment, attempts)
-        self.resumptions.append(Resumption(resume, began, time.monotonic(), attempts, reason))
+                 resume.segment, len(failures) + 1)
+        self.resumptions.append(Resumption(resume, began, time.monotonic(), len(failures) + 1, reason,
+                                           tuple(failures)))
         self._resender = asyncio.ensure_future(self._resend(ws))  # the reader reads the new connection meanwhile
 
     async def _resend(self, ws: Any) -> None:
@@ -243,33 +249,40 @@ class ResumableStream(Stream):
             self._connected.set()
 
 
-async def handshake_with_backoff(opener: connect, make_start: Callable[[], Start]) -> tuple[Any, Any, Start, int]:
-    """Connect and get `ready`, retrying with backoff while servers are full, failing or unreachable.
-    Returns the connection, its `ready`, the start sent and the attempts it took."""
+async def handshake_with_backoff(opener: connect, make_start: Callable[[], Start], failures: list[str],
+                                 deadline: float | None = None) -> tuple[Any, Any, Start]:
+    """Connect and get `ready`, retrying with backoff while servers are full, failing or unreachable: until
+    time.monotonic() `deadline` (no attempt starts after it), or without one `ResumeOptions.attempts` times.
+    Appends why each failed attempt failed to `failures`; returns the connection, its `ready`, the start sent."""
     options = resume_options(opener)
-    delay, last = 0.0, None
-    for attempt in range(1, options.attempts + 1):
+    began, delay = time.monotonic(), 0.0
+    while True:
         if delay:
-            await asyncio.sleep(random.uniform(delay / 2, delay))
+            wait = random.uniform(delay / 2, delay)
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(wait)
         delay = min(options.max_backoff, max(delay * 2, options.backoff))
         start = make_start()
         try:
             ws, ready = await opener._handshake(start)
+            return ws, ready, start
         except ServerError as exc:
             if exc.code not in RETRYABLE_ERRORS:
                 raise
-            last = exc
-            continue
+            failures.append(exc.code)
         except (ConnectError, StreamClosedError) as exc:
-            if getattr(exc, "status", None) in FATAL_STATUSES:
+            status = getattr(exc, "status", None)
+            if status in FATAL_STATUSES:
                 raise
-            last = exc
-            continue
-        return ws, ready, start, attempt
-    raise ConnectError(f"no server took the stream in {options.attempts} attempts: {last}")
+            failures.append(f"HTTP {status}" if status else str(exc))
+        out_of_time = time.monotonic() >= deadline if deadline is not None else len(failures) >= options.attempts
+        if out_of_time:
+            raise ConnectError(f"no server took the stream in {len(failures)} attempts over "
+                               f"{time.monotonic() - began:.0f} s: {failures[-1]}")
 
 
 async def open_resumable(opener: connect) -> ResumableStream:
     """The first connection of a resumable stream, retried like a resume when a server is full or gone."""
-    ws, ready, _, _ = await handshake_with_backoff(opener, lambda: opener.start)
+    ws, ready, _ = await handshake_with_backoff(opener, lambda: opener.start, [])
     return ResumableStream(opener, ws, ready)

@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,qwen3-asr,verify,add-decoding,train-demo,eval,eval-hotwords,bench-train} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,qwen3-asr,verify,add-decoding,train-demo,eval,eval-hotwords} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -14,13 +14,11 @@ COMMANDS = {
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
     "qwen3-asr": ("export.qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
-    "bench-qwen3": ("export.bench_qwen3", "CPU seconds of a Qwen3-ASR directory: encoder, prefill, per token, a whole utterance"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
     "add-decoding": ("export.decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
     "eval-hotwords": ("export.hotword_eval", "WER and hotword recall with and without hotwords; beam search time"),
-    "bench-train": ("export.train_bench", "seconds per training step of the demo model, fp32 against bf16"),
 }
 
 

@@ -3,16 +3,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.catalog import SENSEVOICE_SMALL, pull_command
+
 from . import synth
 from .evaluate import format_groups
+
+# What to run for real speech, as the notice and the card say it: pull the released model, serve it by name.
+REAL_SPEECH = (pull_command(SENSEVOICE_SMALL.name), f"python -m server --model {SENSEVOICE_SMALL.name}")
+REAL_SPEECH_INSTALL = "pip install -e '.[export]'"  # PyTorch etc., for the one-time export
 
 
 def demo_notice() -> str:
     """The demo manifest's `notice`: the one line the page and the server's log show with the model's name."""
     return (f"A demo model for synthetic speech: it knows only {len(synth.VOCABULARY)} English words (digits and "
             f"commands such as \"{synth.PHRASES[3]}\"), so natural speech gives empty or wrong text. For real "
-            "speech: python -m export pull sensevoice-small, then python -m server --model sensevoice-small "
-            "(README: \"Serving the real SenseVoiceSmall\").")
+            f"speech: {REAL_SPEECH[0]}, then {REAL_SPEECH[1]} (README: \"Serving the real SenseVoiceSmall\").")
+
+
+def real_speech_block() -> str:
+    """The card's commands for real speech (a fenced block): install the export tools, pull, serve."""
+    return "\n".join(["```bash", REAL_SPEECH_INSTALL, *REAL_SPEECH, "```"])
 
 
 def write_model_card(path: Path, manifest, tokens: list[str], results, history: list[dict]) -> None:
@@ -34,13 +44,12 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
 
 **A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng
 speech, so it shows that the whole server works (audio in, text and tags out) without downloading
-anything; on a real microphone it will mostly produce wrong or empty text. For real speech, export and
-serve the released SenseVoiceSmall instead:
+anything; on a real microphone it will mostly produce wrong or empty text. For real speech, pull the
+released SenseVoiceSmall (downloaded, exported, verified and cached once) and serve it by name instead:
 
-```
-python -m export sensevoice --checkpoint /path/to/SenseVoiceSmall --out models/sensevoice-small
-unipad --model models/sensevoice-small
-```
+{real_speech_block()}
+
+(README: "Serving the real SenseVoiceSmall" has the details: mirrors, ModelScope, precisions.)
 
 ## What it recognises
 {len(synth.VOCABULARY)} English words, each one token (`▁word`, written the SentencePiece way), in any

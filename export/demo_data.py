@@ -1,5 +1,5 @@
 """The demo model's training data as the training loop sees it: rendered features, CMVN, batches by
-length, collation and augmentation (export.train_demo runs the loop; export.train_bench times it)."""
+length, collation and augmentation (export.train_demo runs the loop; bench.train times it)."""
 from __future__ import annotations
 
 import multiprocessing

@@ -60,22 +60,29 @@ def fetch_files(source: HubSource, files: tuple[HubFile, ...], staging: Path) ->
         if commit := fetch(source, file, staging):
             served.write_text(commit, encoding="utf-8")
     commit = served.read_text(encoding="utf-8") if served.is_file() else None
+    # Every file against the catalogue once more: one kept from an earlier run was checked by that run's
+    # catalogue, which may have pinned less (or a partial download was finished by hand).
+    sha256 = {f.name: check_file(staging / f.name, f, f.size, f.sha256, str(staging)) for f in files}
     return {"kind": "hub", "hub": source.hub, "repo": source.repo, "revision": source.revision, "commit": commit,
-            "sha256": {f.name: sha256_of(staging / f.name) for f in files}}
+            "sha256": sha256}
 
 
-def check_file(path: Path, file: HubFile, expected_size: int | None, expected_sha256: str | None, where: str) -> None:
-    """Size and sha256 of a finished download; a mismatch deletes it (it cannot be resumed into shape)."""
+def check_file(path: Path, file: HubFile, expected_size: int | None, expected_sha256: str | None, where: str) -> str:
+    """Size and sha256 of a finished download; returns its sha256. A mismatch deletes it (it cannot be
+    resumed into shape) and raises HubError."""
     size = path.stat().st_size
-    problem = None
+    problem, actual = None, ""
     if expected_size is not None and size != expected_size:
         problem = f"{size} bytes, expected {expected_size}"
-    elif expected_sha256 is not None and (actual := sha256_of(path)) != expected_sha256:
-        problem = f"sha256 {actual}, expected {expected_sha256}"
+    else:
+        actual = sha256_of(path)
+        if expected_sha256 is not None and actual != expected_sha256:
+            problem = f"sha256 {actual}, expected {expected_sha256}"
     if problem:
         path.unlink()
         raise HubError(f"{where} {file.name}: {problem} (a corrupted download, or the source serves another "
                        "file); deleted it, run the same command again to download it afresh")
+    return actual
 
 
 def _fetch_hf(source: HubSource, file: HubFile, staging: Path) -> str | None:

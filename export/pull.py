@@ -51,9 +51,12 @@ def run(args: argparse.Namespace) -> int:
     serve = f"python -m server --model {entry.name if args.out is None else out}"
     if (out / MANIFEST_FILE).is_file() and not args.force:
         try:
-            read_model_directory(out)
+            cached = read_model_directory(out)
         except ModelLoadError as exc:  # a file deleted or damaged since: "already there, serve it" would mislead
             raise ModelLoadError(f"{out} is damaged ({exc}); --force exports it again") from None
+        if mismatched := unpinned_files(entry, cached.manifest.source):  # e.g. pulled by an older version
+            raise ModelLoadError(f"{out} was exported from files that are not the release this version pins: "
+                                 f"{'; '.join(mismatched)}; --force pulls it again")
         print(f"{entry.name} is already in {out} (--force exports it again)\nserve it: {serve}")
         return 0
     if out.exists() and not args.force:
@@ -81,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
     _remove_if_empty(staging.parent.parent)
     print(f"{entry.name} verified and ready in {out}\nserve it: {serve}")
     return 0
+
+
+def unpinned_files(entry, source: dict) -> list[str]:
+    """The released files whose sha256, as a model directory's manifest records them, differ from the
+    catalogue's pins (an export of a tampered or other release)."""
+    recorded = (source.get("sha256") or {}) if source.get("kind") == "hub" else {}
+    return [f"{f.name} sha256 {recorded[f.name]}, expected {f.sha256}" for f in entry.files
+            if f.sha256 and recorded.get(f.name, f.sha256) != f.sha256]
 
 
 @contextlib.contextmanager

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.modeldir import SENSEVOICE_LANGUAGES
+
 from . import synth
 from .demo_data import cmvn_from, collate, length_batches, render_features
 
@@ -35,7 +37,9 @@ WORD_START = "\u2581"
 TAGS = ("<|en|>", "<|Speech|>", "<|NEUTRAL|>", "<|withitn|>", "<|woitn|>")  # released-vocabulary order
 # Kept from the --minutes budget for export, the held-out evaluation and the card (about 1 min when idle).
 SHIP_RESERVE_SECONDS = 150
-LANGUAGE_PROMPTS = (0, 4)  # auto, en
+# The language prompts training uses, and so the manifest's languages: the only ones the model knows.
+LANGUAGES = {name: SENSEVOICE_LANGUAGES[name] for name in ("auto", "en")}
+LANGUAGE_PROMPTS = tuple(LANGUAGES.values())
 TEXTNORM_PROMPTS = {14: "<|withitn|>", 15: "<|woitn|>"}
 
 
@@ -95,7 +99,7 @@ def native_bf16() -> bool:
 
 def training_precision(requested: str) -> str:
     """"auto" is bf16 where the CPU has it natively (1.4-1.6x the steps per minute here, measured by
-    `python -m export bench-train`), fp32 elsewhere: emulated bf16 is slower than fp32."""
+    `python -m bench train`), fp32 elsewhere: emulated bf16 is slower than fp32."""
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r} (choose from {', '.join(PRECISIONS)})")
     if requested != "auto":
@@ -332,7 +336,7 @@ def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: di
         "training": {k: v for k, v in summary.items() if k != "history"},
     }
     manifest = ModelManifest(name="demo-en-commands", architecture="sensevoice", dimensions=model.dims.to_dict(),
-                             files={}, source=source, notice=demo_notice())
+                             files={}, source=source, languages=dict(LANGUAGES), notice=demo_notice())
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

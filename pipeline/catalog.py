@@ -28,9 +28,9 @@ HUBS = ("hf", "modelscope")
 
 @dataclass(frozen=True)
 class HubFile:
-    """A released file. `size` (bytes) and `sha256` only where the publisher's own metadata states them
-    (Hugging Face's LFS pointers do for LFS files); None: checked against what the hub reports at
-    download time instead (its size header, and its LFS sha256 when it sends one)."""
+    """A released file. `size` (bytes) and `sha256` of the pinned release (where each came from: beside
+    the entry); None: checked against what the hub reports at download time instead (its size header,
+    and its LFS sha256 when it sends one)."""
 
     name: str
     size: int | None = None
@@ -60,12 +60,17 @@ class CatalogModel:
         raise ValueError(f"{self.name} has no {hub} source (has {', '.join(s.hub for s in self.sources)})")
 
 
-# SenseVoiceSmall as FunAudioLLM published it on Hugging Face at commit 3847d57b. The sizes and sha256 of
-# the two LFS files are Hugging Face's LFS metadata for that commit (X-Linked-Size / X-Linked-Etag, as
-# quoted by several independent projects pinning the same commit). am.mvn and config.yaml are plain git
-# files there (their hub etag is a git blob id, not a sha256): no publisher value is recorded for them;
-# the hub's reported size is checked at download, and the strict checkpoint load and `verify` after it.
-# ModelScope's iic/SenseVoiceSmall serves the same files (its model.pt has the same sha256).
+# SenseVoiceSmall as FunAudioLLM published it on Hugging Face at commit 3847d57b. Where each pin comes from:
+# - model.pt, the .bpe.model (LFS files): Hugging Face's LFS metadata for that commit (X-Linked-Size /
+#   X-Linked-Etag), as quoted by several independent projects pinning the same commit.
+# - am.mvn, config.yaml (plain git files: the hub's etag is a git blob id, no sha256): the sizes and sha256
+#   that independent projects pin for this commit (e.g. lzjever/botified-asr's model_artifacts tests, with the
+#   same model.pt and .bpe.model values as above) and for ModelScope's iic/SenseVoiceSmall (e.g.
+#   mefengl/SenseVoiceSmall-coreml's manifest.json). am.mvn was also checked byte for byte: a public
+#   verbatim copy of its text (FunASR's 80 CMVN means and scales, 7 times each) hashes to the pin.
+# A copy with other bytes (a mirror's tampered am.mvn changes every feature) is refused and deleted.
+# ModelScope's iic/SenseVoiceSmall serves the same files (the same sha256 for model.pt, am.mvn and the
+# .bpe.model in those projects; config.yaml's is also the one pinned for its iic/SenseVoiceSmall-onnx).
 SENSEVOICE_SMALL = CatalogModel(
     name="sensevoice-small",
     description="SenseVoiceSmall: zh, en, yue, ja, ko speech recognition with language, emotion and event tags",
@@ -78,8 +83,8 @@ SENSEVOICE_SMALL = CatalogModel(
         HubFile("model.pt", 936_291_369, "833ca2dcfdf8ec91bd4f31cfac36d6124e0c459074d5e909aec9cabe6204a3ea"),
         HubFile("chn_jpn_yue_eng_ko_spectok.bpe.model", 377_341,
                 "aa87f86064c3730d799ddf7af3c04659151102cba548bce325cf06ba4da4e6a8"),
-        HubFile("am.mvn"),
-        HubFile("config.yaml"),
+        HubFile("am.mvn", 11_203, "29b3c740a2c0cfc6b308126d31d7f265fa2be74f3bb095cd2f143ea970896ae5"),
+        HubFile("config.yaml", 1_855, "f71e239ba36705564b5bf2d2ffd07eece07b8e3f2bbf6d2c99d8df856339ac19"),
     ),
 )
 

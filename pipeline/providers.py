@@ -98,7 +98,7 @@ def provider_config(
     cpu = PROVIDERS["cpu"]
     if device == "cpu":
         # No spinning: idle intra-op threads busy-wait by default, which on a few shared cores steals the
-        # CPU from the event loop and the other containers' sessions (measured with server.bench on 2 busy
+        # CPU from the event loop and the other containers' sessions (measured with bench on 2 busy
         # cores: a 15 s int8 run 0.49-0.55 s without spinning, 1.0-1.16 s with it; docs/benchmarks.md).
         return ProviderConfig(device, (cpu,), ({},), session_config={"session.intra_op.allow_spinning": "0"})
     if device == "cuda":

@@ -1,5 +1,9 @@
-"""Access control helpers: a per-address limit on failed token checks, and secrets kept out of the logs.
+"""Access control helpers: the client's address, a per-address limit on failed token checks, and secrets
+kept out of the logs.
 
+    forwarded_client  the client's address behind trusted proxies (--forwarded-allow-ips): a load balancer
+                   makes every client one address, so its X-Forwarded-For names them, and is believed only
+                   from the proxies the operator names (anyone else could write any address there).
     AuthFailures   after `max_failures` wrong or missing tokens from one client address within
                    `cooldown` seconds, that address is refused (HTTP 429 in the handshake) until its
                    oldest failure in the window is `cooldown` seconds old. Memory is bounded: at most
@@ -12,17 +16,65 @@ The clock is injectable (`now`) so the policy is testable without sleeping.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
 import re
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 MAX_TRACKED = 10_000  # client addresses remembered; beyond it the stalest are forgotten
+FORWARDED_FOR = "X-Forwarded-For"  # HAProxy's `option forwardfor`, nginx's $proxy_add_x_forwarded_for
+FORWARDED_ALLOW_IPS_ENV = "UNIPAD_FORWARDED_ALLOW_IPS"
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _SECRET_PATTERNS = (
     re.compile(r"(token=)[^&\s\"']+", re.IGNORECASE),
     re.compile(r"(\"token\"\s*:\s*\")[^\"]*", re.IGNORECASE),
     re.compile(r"(bearer\s+)\S+", re.IGNORECASE),
 )
+
+
+def proxy_networks(addresses: Sequence[str]) -> tuple[Network, ...]:
+    """The trusted proxies: addresses or networks ("10.0.0.5", "10.0.0.0/8", "::1"); ValueError naming the flag."""
+    networks = []
+    for address in addresses:
+        try:
+            networks.append(ipaddress.ip_network(address.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"--forwarded-allow-ips: {address!r} is not an IP address or network") from None
+    return tuple(networks)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(text.strip().strip("[]"))
+    except ValueError:
+        return None
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:10.0.0.5 from a dual-stack socket is 10.0.0.5
+    return mapped or address
+
+
+def forwarded_client(peer: str, forwarded_for: Sequence[str], trusted: Sequence[Network]) -> str:
+    """The client's address: `peer` (the TCP peer), unless `peer` is a trusted proxy; then the X-Forwarded-For
+    entries (`forwarded_for`: the header's values in order) from the right, the first that is not a trusted
+    proxy. Each trusted proxy appends whom it got the request from; what the client wrote itself lies further
+    left and is never reached while a trusted proxy stands to its right. A malformed entry ends the walk
+    at the last trusted hop."""
+
+    def is_trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
+        return address is not None and any(address in network for network in trusted)
+
+    client = peer
+    if not is_trusted(_address(peer)):
+        return client
+    entries = [entry for value in forwarded_for for entry in value.split(",")]
+    for entry in reversed(entries):
+        address = _address(entry)
+        if address is None:
+            return client
+        client = str(address)
+        if not is_trusted(address):
+            return client
+    return client
 
 
 class AuthFailures:

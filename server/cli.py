@@ -16,7 +16,8 @@ from pipeline.hotwords import read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
-from .config import DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, validate_config
+from .config import (DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, split_list,
+                     validate_config)
 from .logs import configure_logging
 
 EXIT_USAGE = 2
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-cooldown", type=float, default=d.auth_cooldown,
                    help="seconds an address stays refused (HTTP 429) after too many failed token checks")
     p.add_argument("--allowed-origins", default="", help="comma-separated browser origins allowed (default: any)")
+    p.add_argument("--forwarded-allow-ips", default="",
+                   help="comma-separated proxy addresses or networks whose X-Forwarded-For names the client, "
+                        "for per-address limits and logs (default: $UNIPAD_FORWARDED_ALLOW_IPS, else none)")
     p.add_argument("--certfile", type=Path, default=None, help="TLS certificate (PEM): serve wss:// and https://")
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
     p.add_argument("--funasr-port", type=int, default=None,
@@ -102,7 +106,8 @@ def _containers(text: str) -> tuple[float, ...]:
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     fields = {f.name for f in dataclasses.fields(ServerConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
-    values["allowed_origins"] = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    values["allowed_origins"] = split_list(args.allowed_origins)
+    values["forwarded_allow_ips"] = split_list(args.forwarded_allow_ips)
     values["model"] = resolve_model(args.model)  # a catalogue name -> its directory in the cache
     return validate_config(config_from_env(ServerConfig(**values)))
 

@@ -16,6 +16,7 @@ from pipeline.providers import resolve_device
 from pipeline.shapes import ShapePolicy, format_containers
 from pipeline.segmenter import SegmenterOptions, validate_options
 
+from .access import FORWARDED_ALLOW_IPS_ENV, proxy_networks
 from .protocol import DEFAULT_PORT
 
 # The demo model that ships with the repository (models/demo next to this package).
@@ -54,6 +55,9 @@ class ServerConfig:
     auth_max_failures: int = 5  # wrong or missing tokens from one address within auth_cooldown ...
     auth_cooldown: float = 60.0  # ... refuse that address (HTTP 429) for this many seconds
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect; empty: any
+    # Proxies (addresses or networks) whose X-Forwarded-For names the client (server/access.py); empty:
+    # the TCP peer is the client (env UNIPAD_FORWARDED_ALLOW_IPS)
+    forwarded_allow_ips: tuple[str, ...] = ()
     certfile: Path | None = None  # TLS certificate (PEM); with keyfile, serves wss:// and https://
     keyfile: Path | None = None
     funasr_port: int | None = None  # also serve the FunASR runtime protocol on this port (server/funasr.py)
@@ -63,10 +67,17 @@ class ServerConfig:
 
 
 def config_from_env(config: ServerConfig) -> ServerConfig:
-    """Fill settings that may come from the environment (the token) when no flag set them."""
+    """Fill settings that may come from the environment (the token, the trusted proxies) when no flag set them."""
     if config.token is None and os.environ.get(TOKEN_ENV):
         config = dataclasses.replace(config, token=os.environ[TOKEN_ENV])
+    if not config.forwarded_allow_ips and os.environ.get(FORWARDED_ALLOW_IPS_ENV):
+        config = dataclasses.replace(config, forwarded_allow_ips=split_list(os.environ[FORWARDED_ALLOW_IPS_ENV]))
     return config
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    """A comma-separated flag's values, blanks dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def segmenter_options(config: ServerConfig) -> SegmenterOptions:
@@ -122,6 +133,7 @@ def validate_config(config: ServerConfig) -> ServerConfig:
     check(config.auth_cooldown > 0, f"--auth-cooldown must be > 0 s, got {config.auth_cooldown}")
     check(config.drain_timeout >= 0, f"--drain-timeout must be >= 0 s, got {config.drain_timeout}")
     check(config.token is None or len(config.token) > 0, "--token must not be empty")
+    proxy_networks(config.forwarded_allow_ips)  # ValueError naming --forwarded-allow-ips
     check((config.certfile is None) == (config.keyfile is None), "--certfile and --keyfile go together")
     for name in ("certfile", "keyfile"):
         path = getattr(config, name)

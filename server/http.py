@@ -19,6 +19,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from .access import FORWARDED_FOR, forwarded_client
 from .model_info import MODEL_CARD_PATH, MODEL_PATH, model_card, model_info
 from .protocol import STREAM_PATH
 
@@ -31,6 +32,8 @@ CONTENT_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
+# A wildcard listening address names no host a browser can open (some refuse 0.0.0.0): this machine's instead.
+LOOPBACK_FOR_WILDCARD = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 log = logging.getLogger(__name__)
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # one path component, no traversal
 
@@ -52,6 +55,18 @@ def response(status: int, body: bytes | str, content_type: str = "text/plain; ch
 
 def json_response(status: int, data: dict[str, Any]) -> Response:
     return response(status, json.dumps(data) + "\n", "application/json")
+
+
+def listening_urls(host: str, port: int, tls: bool) -> tuple[str, str]:
+    """The stream's ws:// address (where it listens) and the browser page's http:// address (where to open
+    it on this machine), for the startup log; an IPv6 address goes in brackets."""
+
+    def url_host(name: str) -> str:
+        return f"[{name}]" if ":" in name else name
+
+    stream = f"{'wss' if tls else 'ws'}://{url_host(host)}:{port}{STREAM_PATH}"
+    page = f"{'https' if tls else 'http'}://{url_host(LOOPBACK_FOR_WILDCARD.get(host, host))}:{port}/"
+    return stream, page
 
 
 def request_token(request: Request) -> str | None:
@@ -78,9 +93,21 @@ def static_file(path: str) -> Response:
 
 
 def client_address(ws: ServerConnection) -> str:
-    """The client's IP address (no port), for per-address limits and logs."""
+    """The client's IP address (no port), for per-address limits and logs: the TCP peer's, or behind a
+    trusted proxy the one it forwarded (`note_client_address`, at the request)."""
+    forwarded = getattr(ws, "forwarded_client", None)
+    if forwarded is not None:
+        return forwarded
     address = ws.remote_address
     return str(address[0]) if address else "unknown"
+
+
+def note_client_address(app: Server, connection: ServerConnection, headers: Headers) -> None:
+    """With --forwarded-allow-ips, remember the client a trusted proxy names (server/access.py)."""
+    if app.trusted_proxies:
+        peer = connection.remote_address
+        connection.forwarded_client = forwarded_client(  # type: ignore[attr-defined]
+            str(peer[0]) if peer else "unknown", headers.get_all(FORWARDED_FOR), app.trusted_proxies)
 
 
 def check_handshake_token(app: Server, connection: ServerConnection, request: Request, what: str) -> Response | None:
@@ -108,8 +135,9 @@ def check_handshake_token(app: Server, connection: ServerConnection, request: Re
 
 def process_request(app: Server, connection: ServerConnection, request: Request) -> Response | None:
     """Route one handshake request: answer HTTP, or return None to accept the WebSocket."""
+    note_client_address(app, connection, request.headers)
     path = urlsplit(request.path).path
-    if path == STREAM_PATH:
+    if path.rstrip("/") == STREAM_PATH:  # "/v1/stream/" as typed or pasted: the stream, not OpenAI's 404
         return check_handshake_token(app, connection, request, "a stream")
     if path == MODEL_PATH:  # before /v1/ below, which is OpenAI's
         return json_response(200, model_info(app.model))

@@ -27,7 +27,7 @@ from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
 
 from .audio_file import audio_blocks, open_audio
-from .http import client_address, json_response, request_token, token_matches
+from .http import client_address, json_response, note_client_address, request_token, token_matches
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
@@ -112,6 +112,7 @@ def get_response(app: Server, connection: ServerConnection, request: Request, pa
 async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> None:
     """Any request other than a GET on the stream port (server/http_body.py)."""
     path = request.path.split("?", 1)[0]
+    note_client_address(app, exchange.connection, request.headers)
     try:
         check_path(request.method, path)
         if request.method != "POST":

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import multipart
 
-from clients.subtitles import to_srt, to_vtt
+from pipeline.subtitles import to_srt, to_vtt
 
 from .funasr_protocol import join_texts
 from .protocol import Final, TokenTime

@@ -25,14 +25,13 @@ from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import resolve_device
 
-from .access import AuthFailures, install_redaction
+from .access import AuthFailures, install_redaction, proxy_networks
 from .config import ServerConfig, segmenter_options, tls_context
 from .connection import Connection
-from .http import process_request
+from .http import listening_urls, process_request
 from .logs import quiet_requests
 from .metrics import Metrics
 from .model_info import notice_line
-from .protocol import STREAM_PATH
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .worker import Worker
 
@@ -82,6 +81,7 @@ class Server:
         self.config = config
         self.metrics = Metrics()
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
+        self.trusted_proxies = proxy_networks(config.forwarded_allow_ips)  # --forwarded-allow-ips
         self.segmenter_options = segmenter_options(config)
         self.engine = engine
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
@@ -184,9 +184,8 @@ class Server:
         )
         self._listeners.append(server)
         self.port = server.sockets[0].getsockname()[1]
-        scheme = "wss" if self.config.certfile else "ws"
-        log.info("listening on %s://%s:%d%s (model %s, loading)", scheme, self.config.host, self.port,
-                 STREAM_PATH, self.model_name)
+        stream_url, page_url = listening_urls(self.config.host, self.port, tls=self.config.certfile is not None)
+        log.info("listening on %s (model %s, loading); browser page: %s", stream_url, self.model_name, page_url)
         log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())

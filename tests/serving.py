@@ -22,7 +22,7 @@ async def serve_test_server(model: Path, engine: Any = None, wait_ready: bool = 
                             **overrides: Any) -> AsyncIterator[TestServerURL]:
     """Run a real Server on 127.0.0.1 at a free port in this event loop; yield its URL; shut it down.
 
-    `overrides` are ServerConfig fields. `engine`: a built, unloaded engine to use instead of the default
+    `overrides` are ServerConfig fields (`port`: a fixed one, as for a server that comes back). `engine`: a built, unloaded engine to use instead of the default
     one (e.g. one whose load() waits, to watch /readyz before warm-up). With `wait_ready`, the model is
     loaded and warmed before the block runs. On exit the server drains gracefully, as on SIGTERM.
     """
@@ -32,7 +32,7 @@ async def serve_test_server(model: Path, engine: Any = None, wait_ready: bool = 
     from server.protocol import STREAM_PATH
     from server.server import Server
 
-    config = validate_config(dataclasses.replace(ServerConfig(), model=Path(model), port=0, **overrides))
+    config = validate_config(dataclasses.replace(ServerConfig(), model=Path(model), **{"port": 0, **overrides}))
     server = Server(config, engine=engine)
     task = asyncio.ensure_future(server.serve(install_signal_handlers=False))
     listening = asyncio.ensure_future(server.listening.wait())

@@ -259,13 +259,14 @@ function openSocket(session, url, token) {
 function resumeOnClose(session, event, url, token) {
   const resumable = session.retry || (session.stream && !FATAL_CLOSES.includes(event.code));
   if (session.done || session.abandoned || !resumable || current !== session) return false;
-  if (session.attempts >= RESUME_ATTEMPTS) return false;
+  if (session.attempts === 0) session.resumeDeadline = Date.now() + resumeOptions.keepSeconds * 1000;
+  else if (Date.now() >= session.resumeDeadline) return false; // the audio kept since the loss is spent
   session.attempts += 1;
   session.ready = session.stopSent = session.retry = false;
   stats.resumes += 1;
   if (session.stopRequested) setState("stopping", "Finishing… (reconnecting)");
   else setState("connecting", "Reconnecting…");
-  setTimeout(() => openSocket(session, url, token), resumeDelayMs(session.attempts));
+  setTimeout(() => openSocket(session, url, token), resumeDelayMs(session.attempts, session.resumeDeadline));
   return true;
 }
 
@@ -305,4 +306,4 @@ ui.stop.addEventListener("click", stop);
 setState("idle", "Idle");
 setLevel(0);
 
-window.unipad = { streamUrl, formatTime, stats }; // for the tests and the console
+window.unipad = { streamUrl, formatTime, stats, resumeOptions }; // for the tests, the console and embedders

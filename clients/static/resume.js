@@ -5,12 +5,17 @@
 const VAD_FRAME_SECONDS = 0.03; // pipeline/segmenter.py FRAME_SECONDS: resume times lie on this grid
 const RESUMABLE_ERRORS = ["overloaded", "internal_error"]; // the stream may go on on another server
 const FATAL_CLOSES = [1003, 1007, 1008, 1009]; // the client was wrong: resuming would repeat it
-const RESUME_ATTEMPTS = 8;
-const RESUME_BACKOFF_MS = 200; // doubles per attempt up to RESUME_MAX_BACKOFF_MS, with jitter
-const RESUME_MAX_BACKOFF_MS = 5000;
+// As clients/resume.py's ResumeOptions: a lost connection is tried again for as long as the audio kept
+// lasts (keepSeconds from the loss), however many attempts that takes. A page embedding this may change them
+// before it starts a stream (window.unipad.resumeOptions).
+const resumeOptions = {
+  backoffMs: 200, // the second attempt's delay, doubling per attempt up to maxBackoffMs, with jitter
+  maxBackoffMs: 5000,
+  keepSeconds: 60, // audio kept past the last final: a 30 s segment plus a margin for the server's lag
+};
 
 class UnipadBacklog {
-  constructor(sampleRate, frameBytes, keepSeconds = 60) {
+  constructor(sampleRate, frameBytes, keepSeconds = resumeOptions.keepSeconds) {
     this.rate = sampleRate;
     this.frameBytes = frameBytes;
     this.keepFrames = Math.floor(keepSeconds * sampleRate);
@@ -63,8 +68,9 @@ class UnipadBacklog {
   }
 }
 
-function resumeDelayMs(attempt) {
+// The wait before the attempt-th attempt (1: at once), never past the deadline (ms since the epoch).
+function resumeDelayMs(attempt, deadline) {
   if (attempt <= 1) return 0;
-  const delay = Math.min(RESUME_MAX_BACKOFF_MS, RESUME_BACKOFF_MS * 2 ** (attempt - 2));
-  return delay / 2 + Math.random() * delay / 2;
+  const delay = Math.min(resumeOptions.maxBackoffMs, resumeOptions.backoffMs * 2 ** (attempt - 2));
+  return Math.min(delay / 2 + Math.random() * delay / 2, Math.max(0, deadline - Date.now()));
 }

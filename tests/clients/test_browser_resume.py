@@ -31,3 +31,33 @@ async def test_page_resumes_a_lost_connection(serve_test_server, browser, speech
     assert segments[:n] == list(range(n)), segments  # each utterance once, numbering continued
     if knows_words(test_model_dir):
         assert [normalise(t) for t in finals[:n]] == [normalise(u["text"]) for u in speech.utterances]
+
+
+async def test_page_waits_out_a_long_outage_while_its_audio_is_kept(serve_test_server, browser, speech,
+                                                                   test_model_dir):  # noqa: F811
+    """The only server drains and is gone for 5 s, far longer than 8 attempts at the backoff set here last;
+    it comes back on the same port and the page's stream goes on: no error, every utterance once."""
+    async with serve_test_server(partial_interval=0.3) as url:
+        page = await browser.new_page()
+        page_errors: list[str] = []
+        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+        await page.goto(url.http + "/")
+        await page.evaluate("Object.assign(window.unipad.resumeOptions, {backoffMs: 50, maxBackoffMs: 200})")
+        await page.get_by_role("button", name="Start").click()
+        await page.wait_for_function("window.unipad.stats.finals >= 1", timeout=WAIT_MS)
+    # drained and exited: every attempt now is refused (8 of them would be over in about 1 s)
+    await page.wait_for_timeout(5000)
+    async with serve_test_server(partial_interval=0.3, port=url.port) as url:
+        n = len(speech.utterances)
+        await page.wait_for_function(f"window.unipad.stats.finals >= {n}", timeout=WAIT_MS)
+        await page.get_by_role("button", name="Stop").click()
+        await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
+        counts = await stats(page)
+        segments = await page.locator("#finals li").evaluate_all("items => items.map(i => Number(i.dataset.segment))")
+        finals = await page.locator("#finals li .text").all_inner_texts()
+        errors = await page.locator("#errors").inner_text()
+    assert page_errors == [] and errors == "", (page_errors, errors)
+    assert counts["resumes"] > 8 and counts["done"] == 1, counts
+    assert segments[:n] == list(range(n)) and len(set(segments)) == len(segments), segments
+    if knows_words(test_model_dir):
+        assert [normalise(t) for t in finals[:n]] == [normalise(u["text"]) for u in speech.utterances]

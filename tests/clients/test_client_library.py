@@ -139,11 +139,17 @@ async def test_bare_host_port_streams_and_a_wrong_path_is_refused(serve_test_ser
             await connect(f"ws://127.0.0.1:{url.port}/stream")
 
 
-async def test_right_token_is_accepted(serve_test_server, speech):
+async def test_right_token_is_accepted(serve_test_server, speech, test_model_dir):
     async with serve_test_server(token="sesame") as url:
-        async with connect(url, token="sesame") as stream:
-            await stream.send(speech.audio[:SAMPLE_RATE])
-            await stream.stop()
+        async with connect(url, token="sesame", partials=False) as stream:
+            assert stream.ready.session
+            await stream.send(speech.audio)
+            done = await stream.stop()
+        refused = url.server.metrics.sessions_refused
+    assert done.segments == len(speech.utterances)
+    check_finals(stream.finals, speech, test_model_dir)
+    assert sum(sample.value for metric in refused.collect() for sample in metric.samples
+               if sample.name.endswith("_total")) == 0
 
 
 async def test_wrong_token_is_refused_at_the_handshake(serve_test_server):

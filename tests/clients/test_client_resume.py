@@ -80,6 +80,35 @@ async def test_a_full_server_is_retried_until_a_stream_ends(serve_test_server, s
         assert len(finals) == len(speech.utterances)
 
 
+async def test_a_stream_waits_out_a_long_outage_while_its_audio_is_kept(serve_test_server, speech):
+    """The only server drains (its streams resume) and is gone for 13 s, longer than 8 attempts of backoff
+    last; it comes back on the same port and the stream goes on: every final once, the failed attempts
+    counted in the resumption."""
+    audio = np.round(np.concatenate([speech.audio, speech.audio]) * 32767).astype(np.int16)
+    options = ResumeOptions(backoff=0.1, max_backoff=1.0)  # 8 attempts would be over in about 4 s
+    half = len(audio) // 2 // 1600 * 1600
+    async with serve_test_server(partial_interval=0.0) as url:
+        reference, _, _ = await stream(url, audio)
+        s = await connect(url, partials=False, resume=options)
+        for i in range(0, half, 1600):
+            await s.send(audio[i:i + 1600])
+            await asyncio.sleep(0.005)
+    try:  # the server drained (the stream was told to resume elsewhere) and exited
+        await asyncio.sleep(13.0)
+        async with serve_test_server(partial_interval=0.0, port=url.port):
+            for i in range(half, len(audio), 1600):
+                await s.send(audio[i:i + 1600])  # waits for the resume, then goes to the new server
+            await s.stop()
+    finally:
+        await s.close()
+    assert [(f.segment, f.text) for f in s.finals] == reference
+    resumed = s.resumptions[-1]
+    assert resumed.attempts == len(resumed.failures) + 1 > 8
+    # while it was gone nothing listened; once back, it may say it is still loading its model (code overloaded)
+    assert all("cannot connect" in failure or failure == "overloaded" for failure in resumed.failures)
+    assert sum("cannot connect" in failure for failure in resumed.failures) >= 8
+
+
 async def test_a_refused_token_is_not_retried(serve_test_server):
     async with serve_test_server(token="sesame") as url:
         with pytest.raises(ConnectError) as raised:

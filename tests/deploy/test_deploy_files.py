@@ -4,6 +4,7 @@ server's endpoints, HAProxy's server names are the compose services, and the Doc
 package. (The failover test runs deploy/haproxy.cfg itself against real servers.)"""
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.bench.cluster import haproxy_binary
+from bench.cluster import haproxy_binary
 from server.cli import build_parser, config_from_args
 
 yaml = pytest.importorskip("yaml")  # pyyaml: in the export extra, which .ci/run installs
@@ -30,7 +31,7 @@ def seconds(duration: str) -> float:
     return int(value) * (60 if unit == "m" else 1)
 
 
-def test_compose_servers_match_haproxy_and_drain_in_time():
+def test_compose_servers_match_haproxy_and_drain_in_time(monkeypatch):
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     servers = {name: s for name, s in compose["services"].items() if name != "haproxy"}
     named = re.findall(r'^\s*server (\S+) "\$\{UNIPAD_SERVER_\d-(\S+):8765\}"', (DEPLOY / "haproxy.cfg").read_text(), re.M)
@@ -40,6 +41,22 @@ def test_compose_servers_match_haproxy_and_drain_in_time():
         config = server_config(service["command"])
         assert seconds(service["stop_grace_period"]) >= config.drain_timeout + MARGIN
     assert "./haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in compose["services"]["haproxy"]["volumes"]
+    # The servers trust HAProxy's fixed address, and only it, for the client's address (X-Forwarded-For).
+    haproxy_address = compose["services"]["haproxy"]["networks"]["unipad"]["ipv4_address"]
+    for service in servers.values():
+        monkeypatch.setenv("UNIPAD_FORWARDED_ALLOW_IPS", service["environment"]["UNIPAD_FORWARDED_ALLOW_IPS"])
+        assert server_config(service["command"]).forwarded_allow_ips == (haproxy_address,)
+    subnet = compose["networks"]["unipad"]["ipam"]["config"][0]
+    assert ipaddress.ip_address(haproxy_address) not in ipaddress.ip_network(subnet["ip_range"])
+
+
+def test_haproxy_forwards_the_client_and_cuts_the_streams_of_a_dead_server():
+    """The settings the failover and client-address tests rely on, with the reasons in haproxy.cfg."""
+    config = (DEPLOY / "haproxy.cfg").read_text()
+    assert re.search(r"^\s*option forwardfor\b", config, re.M)
+    assert re.search(r"^\s*default-server .*\bon-marked-down shutdown-sessions\b", config, re.M)
+    # A full or draining server (503) keeps its streams: only a server that does not answer is DOWN.
+    assert re.search(r"^\s*http-check expect status 200 error-status L7OKC$", config, re.M)
 
 
 def test_kubernetes_probes_grace_period_and_autoscaler():
@@ -59,6 +76,9 @@ def test_kubernetes_probes_grace_period_and_autoscaler():
     assert metric["metric"]["name"] == "unipad_sessions_active"  # a gauge the server exports (server/metrics.py)
     assert 0 < float(metric["target"]["averageValue"]) < config.max_sessions  # headroom for a failed pod's streams
     kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    trusted = next(e for e in container["env"] if e["name"] == "UNIPAD_FORWARDED_ALLOW_IPS")["valueFrom"]
+    generated = {g["name"]: dict(x.split("=", 1) for x in g["literals"]) for g in kustomization["configMapGenerator"]}
+    assert trusted["configMapKeyRef"]["key"] in generated[trusted["configMapKeyRef"]["name"]]
     assert sorted(kustomization["resources"]) == sorted(f.name for f in (DEPLOY / "k8s").glob("*.yaml")
                                                        if f.name != "kustomization.yaml")
 

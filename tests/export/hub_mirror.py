@@ -18,12 +18,16 @@ Faults, per file name (`mirror.faults[name] = ...`): "500" (every request for it
 early with a matching Content-Length: the client sees fewer bytes than X-Linked-Size), "corrupt" (same
 size, other bytes, the honest sha256 in the headers), "stall" (half the body, then wait for `release`);
 `announced_sizes[name]` makes X-Linked-Size claim another size.
-`requests` records (method, path, Range header) of every request.
+`requests` records (method, path, Range header) of every request; `errors` the tracebacks of handler
+failures other than the client hanging up (the hub fixture of test_pull.py asserts there are none).
+The server prints nothing: the tests read the pulling process's stderr, and this server runs in it.
 """
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
+import traceback
 from urllib.parse import parse_qs
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,9 +58,11 @@ class HubMirror:
         self.faults: dict[str, str] = {}
         self.announced_sizes: dict[str, int] = {}  # X-Linked-Size to claim instead of the real size
         self.requests: list[tuple[str, str, str | None]] = []
+        self.errors: list[str] = []
         self.stalled = threading.Event()  # set when a "stall" response has sent its first half
         self.release = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _QuietServer(("127.0.0.1", 0), _handler(self))
+        self._server.errors = self.errors
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -81,6 +87,19 @@ class HubMirror:
                 if file.sha256 == sha256:
                     return name, file
         return None
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """socketserver prints a handler's exception to stderr, which is the stderr the tests read for the
+    product's own error line. A client closing its connection early (ModelScope's client after a 404, or
+    a killed download) is its right, not a fault of this server: ignored. Anything else is recorded."""
+
+    errors: list[str]
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
+            return
+        self.errors.append(traceback.format_exc())
 
 
 def _handler(hub: HubMirror) -> type[BaseHTTPRequestHandler]:

@@ -13,13 +13,17 @@ import onnxruntime as ort
 import pytest
 import soundfile
 
+from export.demo_card import REAL_SPEECH, real_speech_block
 from export.evaluate import evaluate, load_eval_dir, word_errors
 from export.synth import NOISE_KINDS, colored_noise
+from export.train_demo import LANGUAGE_PROMPTS, LANGUAGES
 from export.verify import MAX_SCALED_ERR, errors, verify
 from pipeline.audio import PROMPT_FRAMES, SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import decode_ctc
 from pipeline.engine import Engine, EngineOptions
+from pipeline.errors import ProtocolError
 from pipeline.modeldir import read_model_directory
+from server.model_info import model_info
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "demo"
@@ -49,6 +53,24 @@ def test_model_directory_is_small_and_described() -> None:
     assert model.tokens[0] == "<blank>"
     assert all(t.startswith("\u2581") or t.startswith("<|") for t in model.tokens[1:])
     assert "demonstration model" in (DEMO / "README.md").read_text(encoding="utf-8")
+
+
+def test_demo_model_says_only_english() -> None:
+    """Trained on English with the auto and en prompts only: its manifest (so /v1/model, the page, the
+    startup log, a refused `language`) lists those, not SenseVoiceSmall's five languages."""
+    manifest = read_model_directory(DEMO).manifest
+    assert manifest.languages == LANGUAGES == {"auto": 0, "en": 4}
+    assert tuple(manifest.languages.values()) == LANGUAGE_PROMPTS
+    assert model_info(read_model_directory(DEMO))["languages"] == ["en"]
+    with pytest.raises(ProtocolError, match="unknown language 'zh'; this model knows auto, en"):
+        Engine(DEMO, EngineOptions(device="cpu")).language_id("zh")
+
+
+def test_demo_card_shows_pull_not_the_manual_export() -> None:
+    card = (DEMO / "README.md").read_text(encoding="utf-8")
+    assert real_speech_block() in card and "python -m export pull sensevoice-small" in real_speech_block()
+    assert "--checkpoint" not in card and "unipad --model models/" not in card
+    assert all(command in read_model_directory(DEMO).manifest.notice for command in REAL_SPEECH)
 
 
 def test_held_out_voices(engine: Engine, singles) -> None:

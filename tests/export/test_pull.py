@@ -2,7 +2,7 @@
 SenseVoice as released files, and `python -m server --model NAME` / `unipad models` finding the result.
 
 The catalogue entry keeps its real repository and pinned revision; only its file list is swapped for the
-tiny files' (sizes and sha256 recorded for the two LFS files, as in the real entry). Every fault case ends
+tiny files' (sizes and sha256 recorded for the files the real entry pins: all four). Every fault case ends
 in one `error:` line, a non-zero exit and an empty model cache; the resumable ones then succeed.
 """
 from __future__ import annotations
@@ -50,9 +50,9 @@ def released_files() -> dict[str, MirrorFile]:
 
 
 def catalogue_files(files: dict[str, MirrorFile], unknown: tuple[str, ...] = ()) -> tuple[HubFile, ...]:
-    """The entry's file list for these files: size and sha256 for the LFS ones, none for the rest."""
-    return tuple(HubFile(name, len(f.data), f.sha256) if f.lfs and name not in unknown else HubFile(name)
-                 for name, f in files.items())
+    """The entry's file list for these files: size and sha256 for those the real entry pins, none for the rest."""
+    pinned = {f.name for f in SENSEVOICE_SMALL.files if f.sha256} - set(unknown)
+    return tuple(HubFile(name, len(f.data), f.sha256) if name in pinned else HubFile(name) for name, f in files.items())
 
 
 @pytest.fixture
@@ -69,6 +69,7 @@ def hub(home: Path, monkeypatch: pytest.MonkeyPatch):
     with HubMirror({REPO: files}, revisions=(REVISION,)) as mirror:
         monkeypatch.setenv("HF_ENDPOINT", mirror.endpoint)
         yield mirror
+    assert mirror.errors == [], mirror.errors[0]  # a fault of the loopback hub, not of the product
 
 
 def pull(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
@@ -221,6 +222,57 @@ def test_hash_mismatch_deletes_the_file(hub: HubMirror, home: Path, capsys) -> N
     code, _, err = pull(capsys)
     assert_failed_cleanly(code, err, home, BPE, "sha256", "deleted")
     assert not any(name.startswith(BPE) for name in staged(home))
+
+
+def test_real_catalogue_pins_every_released_file() -> None:
+    """Size and sha256 for all four files (am.mvn and config.yaml were unpinned: a mirror's tampered copies
+    were exported and cached as verified). Where each value comes from: pipeline/catalog.py."""
+    assert [f.name for f in SENSEVOICE_SMALL.files if not (f.size and f.sha256)] == []
+    assert {f.name for f in SENSEVOICE_SMALL.files} == {"model.pt", BPE, "am.mvn", "config.yaml"}
+
+
+@pytest.mark.parametrize("name", ["am.mvn", "config.yaml"])
+def test_tampered_plain_file_is_refused(hub: HubMirror, home: Path, capsys, name: str) -> None:
+    """A mirror serving other bytes (same size, the honest git blob id in its ETag) for a plain git file."""
+    hub.faults[name] = "corrupt"
+    code, _, err = pull(capsys)
+    assert_failed_cleanly(code, err, home, name, "sha256", "expected", "deleted")
+    assert name not in staged(home)
+
+
+def test_tampered_file_kept_from_an_earlier_run_is_refused(hub: HubMirror, home: Path, capsys) -> None:
+    """A file an older version staged (and checked against its catalogue, which pinned less) is checked
+    against this one's pins before it is exported; once deleted, the next run downloads it afresh."""
+    staging = home / "downloads" / NAME / f"hf-{REVISION}"
+    staging.mkdir(parents=True)
+    honest = hub.repos[REPO]["am.mvn"].data
+    digit = honest.index(b"[ -") + 3  # the first mean's first digit: same size, another CMVN shift
+    (staging / "am.mvn").write_bytes(honest[:digit] + (b"2" if honest[digit:digit + 1] == b"1" else b"1") + honest[digit + 1:])
+    code, _, err = pull(capsys)
+    assert_failed_cleanly(code, err, home, "am.mvn", "sha256", "deleted")
+    assert not (staging / "am.mvn").exists()
+    code, _, err = pull(capsys, "--download-only")
+    assert code == 0, err[-3000:]
+    assert_staged_intact(home)
+
+
+def test_cached_export_of_other_files_is_not_ready(home: Path, capsys) -> None:
+    """A model directory an older version exported from a tampered am.mvn: its manifest records the
+    sha256 it was made from, which is not the pin. pull says so instead of "already there, serve it"."""
+    model_dir = home / "models" / NAME
+    shutil.copytree(ROOT / "models" / "demo", model_dir)
+    manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
+    pins = {f.name: f.sha256 for f in SENSEVOICE_SMALL.files}
+    manifest["source"] = {"kind": "hub", "hub": "hf", "repo": REPO, "sha256": dict(pins, **{"am.mvn": "0" * 64})}
+    (model_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    code, out, err = pull(capsys)
+    assert code == 1 and "serve it" not in out
+    assert err.strip().splitlines() == [err.strip()], err
+    assert "not the release this version pins" in err and "am.mvn sha256 " + "0" * 64 in err and "--force" in err
+    manifest["source"]["sha256"] = pins  # the pinned release: ready
+    (model_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    code, out, _ = pull(capsys)
+    assert code == 0 and "already in" in out
 
 
 def test_real_catalogue_rejects_another_file(home: Path, monkeypatch, capsys) -> None:

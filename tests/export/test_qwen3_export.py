@@ -86,7 +86,7 @@ def test_unsupported_precision_is_a_clear_error(tmp_path):
 
 
 def test_bench_prints_its_figures(model_dir):
-    done = subprocess.run([sys.executable, "-m", "export", "bench-qwen3", str(model_dir), "--seconds", "3",
+    done = subprocess.run([sys.executable, "-m", "bench", "qwen3", str(model_dir), "--seconds", "3",
                            "--tokens", "4", "--repeat", "1"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])

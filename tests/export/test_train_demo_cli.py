@@ -182,21 +182,3 @@ def test_one_step_smoke_run(tmp_path: Path) -> None:
     assert manifest["notice"] == demo_notice()  # the page's and the log's line about the demo model
     assert {"model.onnx", "model.int8.onnx", "tokens.txt", "README.md"} <= {p.name for p in out.iterdir()}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
-
-
-def test_bench_train_refuses_a_zero_step_run() -> None:
-    assert_one_line_error(run_cli("bench-train", "--steps", "0"), "must be positive")
-
-
-@pytest.mark.slow
-def test_bench_train_times_both_precisions() -> None:
-    """Real espeak-ng utterances, the loop's own step: a row per precision with a positive time."""
-    try:
-        synth.require_espeak()
-    except RuntimeError:
-        pytest.skip("espeak-ng is not installed here")
-    proc = run_cli("bench-train", "--utterances", "40", "--steps", "2", "--warmup", "1", "--threads", "1")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| fp32") or line.startswith("| bf16")}
-    assert set(rows) == {"fp32", "bf16"}
-    assert all(float(row.split("|")[2]) > 0 for row in rows.values())

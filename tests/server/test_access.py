@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import websockets
 
-from server.access import AuthFailures, redact
+from server.access import AuthFailures, forwarded_client, proxy_networks, redact
 from server.cli import build_parser
 from server.config import ServerConfig
 from server.http import token_matches
@@ -17,6 +17,7 @@ from server.protocol import CLOSE_POLICY
 from server_testkit import http_get, send_and_collect
 
 SECRET = "s3cret-Tok3n"
+START = '{"type": "start"}'
 STOP = '{"type": "stop"}'
 
 
@@ -35,6 +36,21 @@ def test_auth_failures_block_after_the_limit_then_cool_down():
     clock[0] += 60
     assert limiter.blocked("10.0.0.1") == 0
     assert limiter._failures == {}  # expired entries are forgotten (and at most MAX_TRACKED are kept)
+
+
+def test_the_client_address_is_forwarded_only_by_trusted_proxies():
+    trusted = proxy_networks(["127.0.0.1", "10.0.0.0/8"])
+    assert forwarded_client("203.0.113.9", ["198.51.100.1"], trusted) == "203.0.113.9"  # not a proxy: its own
+    assert forwarded_client("127.0.0.1", [], trusted) == "127.0.0.1"  # a proxy that named nobody
+    assert forwarded_client("127.0.0.1", ["198.51.100.1"], trusted) == "198.51.100.1"
+    # A client's own header lies to the left of what the proxies appended: never believed.
+    assert forwarded_client("127.0.0.1", ["6.6.6.6, 198.51.100.1"], trusted) == "198.51.100.1"
+    assert forwarded_client("127.0.0.1", ["6.6.6.6", "198.51.100.1, 10.1.2.3"], trusted) == "198.51.100.1"
+    assert forwarded_client("::ffff:127.0.0.1", ["2001:db8::1"], trusted) == "2001:db8::1"
+    assert forwarded_client("127.0.0.1", ["10.1.2.3"], trusted) == "10.1.2.3"  # only proxies: the farthest
+    assert forwarded_client("127.0.0.1", ["198.51.100.1, junk, 10.1.2.3"], trusted) == "10.1.2.3"
+    with pytest.raises(ValueError, match="--forwarded-allow-ips: 'proxy' is not"):
+        proxy_networks(["proxy"])
 
 
 def test_token_compare_and_redaction():
@@ -69,6 +85,27 @@ async def test_repeated_failures_from_one_address_get_429(serve_test_server):
     assert int(locked.value.response.headers["Retry-After"]) > 0
     assert status == 200
     assert 'unipad_sessions_refused_total{reason="auth_cooldown"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("trusted", [(), ("10.9.9.9",), ("127.0.0.0/8",)])
+async def test_a_forwarded_address_is_locked_out_alone_behind_a_trusted_proxy(serve_test_server, trusted):
+    """Wrong tokens "forwarded for" one address; another forwarded address still gets in only when this
+    peer (127.0.0.1) is a trusted proxy: else the header is anyone's to write and the peer is the client."""
+    def as_client(address: str) -> dict:
+        return {"additional_headers": {"X-Forwarded-For": address}}
+
+    async with serve_test_server(token=SECRET, auth_max_failures=2, forwarded_allow_ips=trusted) as url:
+        for _ in range(2):
+            with pytest.raises(websockets.InvalidStatus):
+                await send_and_collect(url + "?token=guess", [], **as_client("198.51.100.1"))
+        with pytest.raises(websockets.InvalidStatus) as guesser:
+            await send_and_collect(url + f"?token={SECRET}", [], **as_client("198.51.100.1"))
+        try:
+            other = (await send_and_collect(url + f"?token={SECRET}", [START, STOP], **as_client("198.51.100.2"))).messages
+        except websockets.InvalidStatus as refused:
+            other = refused.response.status_code
+    assert guesser.value.response.status_code == 429
+    assert other == 429 if trusted in ((), ("10.9.9.9",)) else [m["type"] for m in other] == ["ready", "done"]
 
 
 async def test_tokens_never_reach_the_logs_even_at_debug(serve_test_server, caplog):

@@ -113,6 +113,16 @@ async def test_static_page_and_unknown_paths(serve_test_server):
         assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
 
 
+async def test_stream_path_with_a_trailing_slash(serve_test_server, speech):
+    """`/v1/stream/` is the stream (it went to the OpenAI routes under /v1/ and got their JSON 404); a
+    browser's plain GET of it gets the WebSocket hint, like `/v1/stream`'s."""
+    async with serve_test_server() as url:
+        streamed = await run_stream(url + "/", speech.audio)
+        status, headers, body = await http_get(url.http, "/v1/stream/")
+    assert streamed.messages[-1] == {"type": "done", "segments": len(speech.utterances)}
+    assert status == 426 and headers["upgrade"] == "websocket" and b"WebSocket" in body
+
+
 async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
     """index.html, .js and .css are served with their types; anything else in the folder is not."""
     import server.http

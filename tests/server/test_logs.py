@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
 
 from pipeline.modeldir import read_model_directory
+from server.http import listening_urls
 from server_testkit import eventually, http_get, run_stream, send_and_collect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,9 +37,13 @@ async def test_probes_log_nothing_at_info_and_a_stream_logs_its_start_and_end(te
     reader = asyncio.ensure_future(read_json_log(proc.stderr, records, ready))
     try:
         await asyncio.wait_for(ready.wait(), 60)
-        port = int(next(r for r in records if r["message"].startswith("listening on"))["message"]
-                   .split("/v1/stream")[0].rsplit(":", 1)[1])
-        http = f"http://127.0.0.1:{port}"
+        # the stream's address, and the page's for people to open (it was missing: only the ws:// one)
+        listening = next(r for r in records if r["message"].startswith("listening on"))["message"]
+        match = re.fullmatch(r"listening on ws://127\.0\.0\.1:(\d+)/v1/stream \(model .+, loading\); "
+                             r"browser page: (http://127\.0\.0\.1:(\d+)/)", listening)
+        assert match and match[1] == match[3], listening
+        port, page = int(match[1]), match[2]
+        http = page.rstrip("/")
         startup = len(records)
         for _ in range(5):  # a load balancer's probes and a few page loads
             for path in PROBES:
@@ -86,3 +92,12 @@ async def test_requests_are_logged_at_debug(serve_test_server, caplog):
         await http_get(url.http, "/healthz")
     sent = [r for r in caplog.records if r.getMessage() == "HTTP response sent (200 OK)"]
     assert len(sent) == 1 and sent[0].levelno == logging.DEBUG
+
+
+def test_listening_addresses_for_every_kind_of_host():
+    assert listening_urls("127.0.0.1", 8765, tls=False) == ("ws://127.0.0.1:8765/v1/stream", "http://127.0.0.1:8765/")
+    # every interface: the page is opened on this machine (a browser may refuse 0.0.0.0)
+    assert listening_urls("0.0.0.0", 80, tls=True) == ("wss://0.0.0.0:80/v1/stream", "https://127.0.0.1:80/")
+    assert listening_urls("::", 8765, tls=False) == ("ws://[::]:8765/v1/stream", "http://[::1]:8765/")
+    assert listening_urls("fe80::1", 1, tls=False)[1] == "http://[fe80::1]:1/"
+    assert listening_urls("asr.lan", 1, tls=False)[1] == "http://asr.lan:1/"

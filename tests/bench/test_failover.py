@@ -1,14 +1,14 @@
 """Real HAProxy (deploy/haproxy.cfg) in front of three real servers (subprocesses on 127.0.0.1): a full
-server gets no new streams, and 30 resumable streams survive one server's drain and another's death with
-every final exactly once. The harness is `python -m server.bench failover` (server/bench/failover.py)."""
+server gets no new streams, 30 resumable streams survive one server's drain and another's death with
+every final exactly once, and a hung server's streams move on. The harness is `python -m bench failover` (bench/failover.py)."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from server.bench.cluster import haproxy_binary
-from server.bench.failover import failover
+from bench.cluster import haproxy_binary
+from bench.failover import failover, hang
 
 pytestmark = pytest.mark.skipif(
     haproxy_binary() is None, reason="HAProxy is not installed (Debian: apt-get install haproxy; .ci/run does)")
@@ -32,3 +32,19 @@ def test_streams_survive_a_drained_and_a_killed_server(test_model_dir, capsys):
     assert result["finals_received"] == result["finals_expected"]
     assert result["resumed_utterances"] > 0
     assert result["drained_server_exit"] == 0  # SIGTERM: drained and exited cleanly
+
+
+def test_a_hung_servers_streams_move_on(test_model_dir, capsys):
+    """SIGSTOP: the server keeps its TCP connections and answers nothing. HAProxy's checks time out, it marks
+    the server DOWN and cuts its streams at once (on-marked-down shutdown-sessions), so they resume elsewhere
+    instead of waiting for the clients' pings to time out."""
+    result = asyncio.run(hang(test_model_dir, streams=6, stop_at=2.0))
+    with capsys.disabled():
+        print(f"\nhang: {result['moved_streams']} streams moved, stall {result['stall_seconds']} s, "
+              f"DOWN after {result['marked_down_seconds']} s")
+    assert not result["reference_errors"]
+    assert result["streams_on_hung_server"] > 0
+    assert result["sessions_held_when_down"] == 0  # cut when marked DOWN, not left to the clients' pings
+    assert result["moved_streams"] >= result["streams_on_hung_server"]
+    assert (result["lost"], result["duplicated"], result["differing"]) == (0, 0, 0), result["problems"]
+    assert result["finals_received"] == result["finals_expected"] == 6 * 4

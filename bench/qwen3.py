@@ -1,4 +1,4 @@
-"""`python -m export bench-qwen3 DIR`: CPU figures of a Qwen3-ASR model directory at its serving shapes.
+"""`python -m bench qwen3 DIR`: CPU figures of a Qwen3-ASR model directory at its serving shapes.
 
 Sessions fixed at the manifest's shapes, as served. Printed (one JSON object): encoder seconds per container,
 prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
@@ -17,9 +17,9 @@ import numpy as np
 from pipeline.modeldir import read_model_directory
 from pipeline.qwen3_decoding import ENCODER, Qwen3Decoder, Qwen3Shapes
 
-from .onnx_export import deterministic_waveform
-from .sensevoice import user_path
-from .verify_qwen3 import audio_slots, sessions
+from export.onnx_export import deterministic_waveform
+from export.sensevoice import user_path
+from export.verify_qwen3 import audio_slots, sessions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

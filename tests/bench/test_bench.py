@@ -1,4 +1,4 @@
-"""Smoke tests of `python -m server.bench`: both benchmarks on the tiny model, the report, and bad input.
+"""Smoke tests of `python -m bench`: both benchmarks on the tiny model, the report, and bad input.
 
 Real processes, sockets and ONNX Runtime sessions; no timing is asserted (speed is what the benchmarks
 measure, not what tests check).
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def bench(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
     """Run the benchmark CLI; (exit code, the last stdout line as JSON or None, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "server.bench", *args], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
     lines = done.stdout.strip().splitlines()
     try:
@@ -34,7 +34,7 @@ def bench(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
 async def bench_async(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
     """bench() without blocking the event loop (for a server running in this test's loop)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.bench", *args, cwd=ROOT,
+        sys.executable, "-m", "bench", *args, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     lines = out.decode().strip().splitlines()

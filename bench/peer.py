@@ -3,7 +3,7 @@
 Features outside the graph, in Python: kaldi-native-fbank (dither 0, Hamming window, 80 mel bins, the
 waveform scaled by 32768, one `get_frame` call per frame as funasr_onnx's WavFrontend does), LFR 7/6 by
 numpy stacking and CMVN from am.mvn; then one ONNX Runtime run at the clip's exact length (dynamic
-shapes). The graph is FunASR's own export (server/bench/make_peer.py) with our model's weights, so
+shapes). The graph is FunASR's own export (bench/make_peer.py) with our model's weights, so
 timing it beside ours compares the graphs and the frontends, not the weights.
 
     PeerModel(peer_dir, precision, threads).run(audio float32 [n] at SAMPLE_RATE) -> ctc_logits [T + 4, V]
@@ -85,7 +85,7 @@ def read_peer_info(peer_dir: str | Path) -> dict:
         info = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelLoadError(f"{peer_dir} is not a peer directory: no {PEER_FILE} "
-                             "(make one with /opt/funasr-venv/bin/python -m server.bench.make_peer)") from None
+                             "(make one with /opt/funasr-venv/bin/python -m bench.make_peer)") from None
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: unreadable ({exc})") from None
     if not isinstance(info, dict) or "files" not in info:

@@ -18,7 +18,7 @@ import psutil
 
 from pipeline.audio import SAMPLE_RATE, load_audio
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SPEECH_FIXTURE = FIXTURES / "three_utterances.wav"
 
 
@@ -152,4 +152,4 @@ def command_line() -> str:
     """How this benchmark was invoked, for the report."""
     import shlex
 
-    return "python -m server.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    return "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -1,4 +1,4 @@
-"""`python -m server.bench model DIR`: what one inference costs, per container and per shape policy.
+"""`python -m bench model DIR`: what one inference costs, per container and per shape policy.
 
 For each precision (fp32 and int8 on CPU; fp16 too on a GPU):
   * engine     the server's Engine with its container ladder: session creation and warm-up time, peak
@@ -7,10 +7,10 @@ For each precision (fp32 and int8 on CPU; fp16 too on a GPU):
   * policies   what a segment of L seconds (--lengths, 1-30 s) costs under each shape policy:
                fixed (one 30 s container: every segment pays the 30 s run), ladder (the smallest
                container that holds L), exact (a session with free dimensions run at exactly L);
-  * peer       with --peer DIR (server/bench/make_peer.py): FunASR's own export of the same weights, run
+  * peer       with --peer DIR (bench/make_peer.py): FunASR's own export of the same weights, run
                as funasr_onnx runs it (Python fbank + LFR + CMVN, then one dynamic-shape run), at the same
                lengths; `ratio` = our time / the peer's at equal audio length.
-  * batches    (server/bench/batches.py) seconds per segment when --batch-sizes segments share one run
+  * batches    (bench/batches.py) seconds per segment when --batch-sizes segments share one run
                at the largest container, and each batch session's memory;
 --profile DIR writes ONNX Runtime per-node profiles (one 30 s run per graph) and a per-operator summary.
 Tables go to stdout; the last line is one JSON object with every figure.
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per shape before timing")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: per core)")
     batches.add_arguments(parser)
-    parser.add_argument("--peer", type=Path, default=None, help="peer directory from server/bench/make_peer.py")
+    parser.add_argument("--peer", type=Path, default=None, help="peer directory from bench/make_peer.py")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: fixed, exact, batches")
     parser.add_argument("--profile", type=Path, default=None, help="write ORT per-node profiles here")
     parser.add_argument("--save", type=Path, default=None, help="also write the JSON result to this file")

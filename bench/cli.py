@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m server.bench model|paraformer|load|failover|report`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|report`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import logging
 import sys
 
 COMMANDS = {
-    "model": ("server.bench.model", "time one inference per container and per shape policy (and the peer)"),
-    "paraformer": ("server.bench.paraformer", "one Paraformer inference in the 30 s container, ours against FunASR's export"),
-    "load": ("server.bench.load", "N concurrent real-time streams against a server: latency and capacity"),
-    "failover": ("server.bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
-    "report": ("server.bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
+    "model": ("bench.model", "time one inference per container and per shape policy (and the peer)"),
+    "paraformer": ("bench.paraformer", "one Paraformer inference in the 30 s container, ours against FunASR's export"),
+    "qwen3": ("bench.qwen3", "CPU seconds of a Qwen3-ASR directory: encoder, prefill, per token, a whole utterance"),
+    "load": ("bench.load", "N concurrent real-time streams against a server: latency and capacity"),
+    "failover": ("bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
+    "train": ("bench.train", "seconds per training step of the demo model, fp32 against bf16"),
+    "report": ("bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
 }
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -20,7 +22,7 @@ EXIT_USAGE = 2
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m server.bench", description="Unipad ASR benchmarks.")
+    parser = argparse.ArgumentParser(prog="python -m bench", description="Unipad ASR benchmarks.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     module = None
@@ -35,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return module.run(args)
-    except (UnipadError, OSError) as exc:
+    except ModuleNotFoundError as exc:
+        print(f"error: {exc.name} is not installed (pip install -e '.[bench,export]')", file=sys.stderr)
+        return EXIT_FAILED
+    except (UnipadError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ValueError as exc:

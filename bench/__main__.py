@@ -1,4 +1,4 @@
-"""`python -m server.bench {model,load,report} ...`"""
+"""`python -m bench {model,paraformer,qwen3,load,failover,train,report} ...`"""
 from __future__ import annotations
 
 import sys

@@ -1,12 +1,12 @@
-"""`python -m server.bench paraformer DIR [--peer PEER]`: one Paraformer inference on the CPU, ours against
+"""`python -m bench paraformer DIR [--peer PEER]`: one Paraformer inference on the CPU, ours against
 FunASR's own export.
 
   * ours   the model directory's graph (fp32, int8) in one session with every shape fixed to the 30 s
            container (what the server and a GPU run), fed clips of each --lengths: raw audio in,
            token ids, times and counts out; the time does not depend on the clip's length;
-  * peer   with --peer DIR (server/bench/make_paraformer_peer.py): FunASR's Paraformer export of the
+  * peer   with --peer DIR (bench/make_paraformer_peer.py): FunASR's Paraformer export of the
            same weights run as funasr_onnx's Paraformer runs it: kaldi-native-fbank, LFR and CMVN in
-           Python (server/bench/peer.py), one dynamic-shape run at the clip's exact length, then the
+           Python (bench/peer.py), one dynamic-shape run at the clip's exact length, then the
            greedy argmax over the decoder's log-probs in numpy; `ratio` = ours / the peer's.
 Tables go to stderr; the last stdout line is one JSON object with every figure.
 """
@@ -32,7 +32,7 @@ CONTAINER_SECONDS = 30.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=Path, help="a Paraformer model directory (python -m export paraformer)")
-    parser.add_argument("--peer", type=Path, help="peer directory from server/bench/make_paraformer_peer.py")
+    parser.add_argument("--peer", type=Path, help="peer directory from bench/make_paraformer_peer.py")
     parser.add_argument("--precision", default="fp32,int8", help="comma list (default fp32,int8)")
     parser.add_argument("--lengths", default=",".join(f"{x:g}" for x in DEFAULT_LENGTHS), help="clip seconds")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")

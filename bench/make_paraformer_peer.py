@@ -1,8 +1,8 @@
 """Write the Paraformer peer: FunASR's own ONNX export of Paraformer, with the weights of our random model.
 
-    /opt/funasr-venv/bin/python -m server.bench.make_paraformer_peer --out /tmp/pf_peer [--size full]
+    /opt/funasr-venv/bin/python -m bench.make_paraformer_peer --out /tmp/pf_peer [--size full]
 
-As server/bench/make_peer.py does for SenseVoice: our seeded random model (export.paraformer.random_model),
+As bench/make_peer.py does for SenseVoice: our seeded random model (export.paraformer.random_model),
 its state_dict loaded strictly into FunASR's Paraformer, exported the way `funasr.utils.export_utils._onnx`
 does it (FunASR's export_meta forward: features in, CifPredictorV2Export with cif_v1_export, decoder
 log-probs and token counts out; the TorchScript exporter, opset 14, dynamic batch and time axes), and the
@@ -50,7 +50,7 @@ def export_peer(size: str, seed: int, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return peer_main(argv, "server.bench.make_paraformer_peer", __doc__, export_peer, "export.paraformer")
+    return peer_main(argv, "bench.make_paraformer_peer", __doc__, export_peer, "export.paraformer")
 
 
 if __name__ == "__main__":

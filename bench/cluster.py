@@ -1,5 +1,5 @@
 """Several `python -m server` processes behind HAProxy on 127.0.0.1, with deploy/haproxy.cfg as shipped
-(its addresses set through the environment): what `python -m server.bench failover` and the failover
+(its addresses set through the environment): what `python -m bench failover` and the failover
 test run. HAProxy's stats CSV tells which servers it considers up.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from server.protocol import STREAM_PATH
 
 from .serverproc import ServerProcess, free_port, http_get, stop_process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
 SERVERS = 3  # deploy/haproxy.cfg names three servers
 
@@ -31,10 +31,12 @@ def haproxy_binary() -> str | None:
     return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
 
 
-def server_args(model: Path, threads: int, server_log: Path | None = None) -> argparse.Namespace:
-    """What ServerProcess needs: the demo settings, finals only (no partial decoding to share the CPU with)."""
+def server_args(model: Path, threads: int, server_log: Path | None = None,
+                options: tuple[str, ...] = ()) -> argparse.Namespace:
+    """What ServerProcess needs: the demo settings, finals only (no partial decoding to share the CPU with);
+    `options`: more server flags."""
     return argparse.Namespace(model=model, end_silence=0.5, partial_interval=0.0, precision="auto",
-                              threads=threads, containers=None, server_log=server_log)
+                              threads=threads, containers=None, server_log=server_log, options=options)
 
 
 class Balancer:
@@ -94,8 +96,9 @@ class Cluster:
     """Three servers and HAProxy; `async with Cluster(...) as cluster:` starts them and waits until every
     server is ready and up in HAProxy; leaving stops whatever is still running."""
 
-    def __init__(self, model: Path, max_sessions: int, threads: int = 1, ready_timeout: float = 120.0) -> None:
-        self.args = server_args(model, threads)
+    def __init__(self, model: Path, max_sessions: int, threads: int = 1, ready_timeout: float = 120.0,
+                 server_options: tuple[str, ...] = ()) -> None:
+        self.args = server_args(model, threads, options=server_options)
         self.max_sessions = max_sessions
         self.ready_timeout = ready_timeout
         self.servers: list[ServerProcess] = []

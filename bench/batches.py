@@ -1,4 +1,4 @@
-"""The batch part of `python -m server.bench model`: what one segment costs when B segments share a run.
+"""The batch part of `python -m bench model`: what one segment costs when B segments share a run.
 
 An Engine with one container (the ladder's largest, 30 s by default) and the batch sizes of
 --batch-sizes (default: the device's grid, pipeline/batching.py) runs B copies of a speech-like clip

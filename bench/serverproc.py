@@ -58,9 +58,10 @@ class ServerProcess:
         for flag in ("device", "batch_sizes", "partial_window"):  # absent or None: the server's default
             if getattr(args, flag, None) is not None:
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        command += getattr(args, "options", ())
         # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
         self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[1]
         self.process = subprocess.Popen(command, cwd=root, stdout=self.log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
 
@@ -88,9 +89,11 @@ class ServerProcess:
 
 
 def stop_process(process: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM (the graceful drain), then SIGKILL if it is still running after `timeout` seconds."""
+    """SIGTERM (the graceful drain), then SIGKILL if it is still running after `timeout` seconds.
+    SIGCONT too: a stopped process (the hung-server fault) acts on SIGTERM only once it runs again."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGCONT)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:

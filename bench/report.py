@@ -1,4 +1,4 @@
-"""`python -m server.bench report`: the benchmark sections of docs/benchmarks.md and the latency plot.
+"""`python -m bench report`: the benchmark sections of docs/benchmarks.md and the latency plot.
 
 Renders from the JSON results that `model --save` and `load --save` wrote (default docs/bench/*.json);
 with --run it first runs both benchmarks with the documented settings. Only the text between the
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # The load runs the report shows (name -> extra flags): the server's defaults.
@@ -40,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.run:
         if args.model is None:
             raise ValueError("--run needs --model DIR")
-        model_cmd = [sys.executable, "-m", "server.bench", "model", str(args.model), "--save", str(args.model_result)]
+        model_cmd = [sys.executable, "-m", "bench", "model", str(args.model), "--save", str(args.model_result)]
         if args.peer is not None:
             model_cmd += ["--peer", str(args.peer)]
-        load = [sys.executable, "-m", "server.bench", "load", "--model", str(args.model), "--precision", "int8"]
+        load = [sys.executable, "-m", "bench", "load", "--model", str(args.model), "--precision", "int8"]
         commands = [model_cmd] + [load + extra + ["--save", str(path)]
                                   for path, extra in zip(args.load_result, LOAD_RESULTS.values())]
         for command in commands:
@@ -66,7 +66,7 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("command") not in ("model", "load"):
-        raise ValueError(f"{path}: not a server.bench result")
+        raise ValueError(f"{path}: not a bench result")
     return data
 
 
@@ -94,7 +94,7 @@ def _f(x: Any, digits: int = 3) -> str:
 
 
 def render(model: dict | None, loads: list[dict], args: argparse.Namespace) -> str:
-    out = ["## Speed and capacity (server.bench)", "",
+    out = ["## Speed and capacity (bench)", "",
            "Regenerate: see [How to regenerate](#how-to-regenerate) below. Figures are medians of repeated "
            "runs after warm-up; the spread is min-max. Timings on a shared 2-core machine are noisy: the load "
            "average at the start of each run is recorded with it.", ""]
@@ -107,13 +107,13 @@ def render(model: dict | None, loads: list[dict], args: argparse.Namespace) -> s
         out += [Path(notes).read_text(encoding="utf-8").rstrip(), ""]
     out += ["### How to regenerate", "", "```sh",
             "python -m export sensevoice --random-init full --precision fp32,int8 --out /tmp/sv_full   # ~3 min",
-            "/opt/funasr-venv/bin/python -m server.bench.make_peer --out /tmp/sv_peer               # needs funasr",
-            "python -m server.bench model /tmp/sv_full --peer /tmp/sv_peer --profile /tmp/sv_prof "
+            "/opt/funasr-venv/bin/python -m bench.make_peer --out /tmp/sv_peer               # needs funasr",
+            "python -m bench model /tmp/sv_full --peer /tmp/sv_peer --profile /tmp/sv_prof "
             "--save docs/bench/model.json",
-            *(f"python -m server.bench load --model /tmp/sv_full --precision int8 {' '.join(extra)} "
+            *(f"python -m bench load --model /tmp/sv_full --precision int8 {' '.join(extra)} "
               f"--save docs/bench/{name}".replace("  ", " ") for name, extra in LOAD_RESULTS.items()),
-            "python -m server.bench report        # this section and docs/latency_vs_streams.png",
-            "```", "", "(or `python -m server.bench report --run --model /tmp/sv_full --peer /tmp/sv_peer`)", ""]
+            "python -m bench report        # this section and docs/latency_vs_streams.png",
+            "```", "", "(or `python -m bench report --run --model /tmp/sv_full --peer /tmp/sv_peer`)", ""]
     return "\n".join(out)
 
 
@@ -124,7 +124,7 @@ def render_model(r: dict[str, Any]) -> list[str]:
            f"- Model: `{r['model']}` ({d.get('num_blocks')}+{d.get('tp_blocks')} layers, {d.get('output_size')} dims, "
            f"vocabulary {d.get('vocab_size')}; source {r['source'].get('kind')}), device {r['device']}, "
            f"threads {r['threads'] or 'default'}, {r['repeats']} timed runs after {r['warmup']} warm-up",
-           f"- Command: `{r.get('argv') or 'python -m server.bench model ' + r['model_dir']}`", ""]
+           f"- Command: `{r.get('argv') or 'python -m bench model ' + r['model_dir']}`", ""]
     if r.get("error"):
         out += [f"**Incomplete run:** {r['error']}", ""]
     for precision, part in r["precisions"].items():
@@ -188,7 +188,7 @@ def render_load(r: dict[str, Any], args: argparse.Namespace, plot: bool = True) 
            f"end silence {r['end_silence']} s, partials every {r['partial_interval']} s; "
            f"each stream {r['seconds_per_stream']:g} s of espeak speech and pauses sent in {r['chunk'] * 1000:.0f} ms "
            "chunks at real-time pace; client and server on the same 2 cores",
-           f"- Command: `{r.get('argv') or 'python -m server.bench load --model ' + str(r['model_dir'])}`",
+           f"- Command: `{r.get('argv') or 'python -m bench load --model ' + str(r['model_dir'])}`",
            "", f"**Capacity: {r['capacity']} concurrent real-time streams** with p95 latency beyond the end "
            f"silence under {r['target_p95_beyond_silence']} s and no final lost"
            + (f" ({r['stopped']})" if r.get("stopped") else "") + ".", ""]

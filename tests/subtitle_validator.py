@@ -1,4 +1,4 @@
-"""A small strict reader of SubRip and WebVTT, for checking what clients/file.py writes."""
+"""A small strict reader of SubRip and WebVTT: checks pipeline/subtitles.py and what clients/file.py writes."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""`python -m export bench-train`: seconds per training step of the demo model, for each precision.
+"""`python -m bench train`: seconds per training step of the demo model, for each precision.
 
 The demo model's training is capped by wall-clock time, so its steps per minute decide its accuracy
 (docs/benchmarks.md). This times the training loop's own step (export.train_demo.train_step: collation
@@ -15,10 +15,12 @@ import time
 
 import numpy as np
 
-from . import synth
-from .demo_data import cmvn_from, length_batches, render_features
-from .train_demo import (PRECISIONS, TrainOptions, adamw, build_model, demo_tokens, native_bf16, targets_for,
+from export import synth
+from export.demo_data import cmvn_from, length_batches, render_features
+from export.train_demo import (PRECISIONS, TrainOptions, adamw, build_model, demo_tokens, native_bf16, targets_for,
                          train_step, training_precision)
+
+from .common import cpu_model
 
 # What the default 44-minute budget leaves the training loop after the data and shipping (docs/benchmarks.md).
 TRAINING_MINUTES = 36
@@ -52,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
     batches = length_batches(lengths, options.max_frames, np.random.default_rng(args.seed))
     needed = args.warmup + args.steps
     batches = (batches * (needed // len(batches) + 1))[:needed]
-
-    from server.bench.common import cpu_model  # the benchmarks' one description of the CPU
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, "
           f"native bf16 {native_bf16()}, "

@@ -1,6 +1,6 @@
-"""`python -m server.bench failover`: resumable streams through HAProxy while servers fail.
+"""`python -m bench failover`: resumable streams through HAProxy while servers fail.
 
-Three servers behind HAProxy (deploy/haproxy.cfg, server/bench/cluster.py), demo model, 127.0.0.1:
+Three servers behind HAProxy (deploy/haproxy.cfg, bench/cluster.py), demo model, 127.0.0.1:
   1. saturation  one server is filled to --max-sessions by idle streams sent to it directly; once
                  HAProxy marks it down (its /readyz is 503), the reference run goes through the balancer:
                  every stream at full speed, no faults. The full server must receive none of them.
@@ -9,9 +9,15 @@ Three servers behind HAProxy (deploy/haproxy.cfg, server/bench/cluster.py), demo
                  --kill-at another SIGKILL. Every stream must end with the reference's finals: the same
                  segment numbers and texts, each exactly once (times may move by a few 30 ms VAD frames:
                  webrtcvad adapts to the audio it has heard, and a resumed stream's VAD starts afresh).
+  3. hang        a fresh cluster, the same paced streams; at --stop-at one server gets SIGSTOP (a hung
+                 process, a stalled machine): its TCP connections stay open and it answers nothing. HAProxy
+                 marks it DOWN when its health checks time out and cuts its streams (on-marked-down
+                 shutdown-sessions), so they resume elsewhere. The same check of the finals.
 Figures: streams, faults, finals expected / received / lost / duplicated, resumptions, the time from a
-lost connection to `ready` on the next one, and the latency of resumed utterances (those whose end of speech was sent before the connection was lost) against the
-others: from the wall time the end of speech was first sent to the final's arrival.
+lost connection to `ready` on the next one, and the latency of resumed utterances (those whose end of speech
+was sent before the connection was lost) against the others: from the wall time the end of speech was first
+sent to the final's arrival. For the hang: the streams on the hung server, the seconds from SIGSTOP until
+HAProxy marks it DOWN, the sessions it still holds then, and each moved stream's stall (SIGSTOP to `ready`).
 """
 from __future__ import annotations
 
@@ -138,7 +144,8 @@ def latencies(runs: list[StreamRun]) -> tuple[list[float], list[float]]:
     return resumed, normal
 
 
-async def failover(model: Path, streams: int, term_at: float, kill_at: float) -> dict[str, Any]:
+async def failover(model: Path, streams: int, term_at: float, kill_at: float,
+                   stop_at: float | None = None) -> dict[str, Any]:
     max_sessions = streams + 2  # one survivor takes every stream
     async with Cluster(model, max_sessions) as cluster:
         assert cluster.balancer is not None
@@ -146,7 +153,7 @@ async def failover(model: Path, streams: int, term_at: float, kill_at: float) ->
         full = 0  # the saturated server in phase 1
         direct = f"ws://127.0.0.1:{cluster.servers[full].port}/v1/stream"
         idle = await saturate(direct, max_sessions)
-        await lb.wait_status(cluster.name(full), "DOWN")
+        await lb.wait_status(cluster.name(full), "NOLB")  # alive, takes no new streams (deploy/haproxy.cfg)
         before = metric(await cluster.server_metric(full), "unipad_sessions_total")
         say(f"reference: {streams} streams at full speed, {cluster.name(full)} full")
         reference = await run_streams(lb.url, streams, paced=False)
@@ -182,7 +189,40 @@ async def failover(model: Path, streams: int, term_at: float, kill_at: float) ->
         "latency_resumed": percentiles(resumed, (50, 95)), "latency_other": percentiles(normal, (50, 95)),
         "drained_server_exit": drained_exit, "wall_seconds": round(wall, 1),
     }
+    if stop_at is not None:
+        result["hang"] = await hang(model, streams, stop_at)
     return result
+
+
+async def hang(model: Path, streams: int, stop_at: float) -> dict[str, Any]:
+    """Phase 3 on a fresh cluster: a reference run at full speed, then the streams at real-time pace while
+    one server gets SIGSTOP."""
+    async with Cluster(model, streams + 2) as cluster:
+        assert cluster.balancer is not None
+        lb = cluster.balancer
+        hung = 2
+        name = cluster.name(hung)
+        reference = await run_streams(lb.url, streams, paced=False)
+        say(f"hang: {streams} streams at real-time pace; SIGSTOP {name} at {stop_at:g} s")
+        faulted_task = asyncio.ensure_future(run_streams(lb.url, streams, paced=True))
+        await asyncio.sleep(stop_at)
+        on_hung = int((await lb.servers())[name]["scur"])
+        cluster.servers[hung].process.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        await lb.wait_status(name, "DOWN")
+        marked_down = time.monotonic() - stopped
+        held_when_down = int((await lb.servers())[name]["scur"])  # 0: shutdown-sessions cut them
+        faulted = await faulted_task
+    stalls = [x.resumed - stopped for r in faulted for x in r.resumptions if x.began >= stopped]
+    return {
+        "streams": streams, "hung_server": name, "stop_at": stop_at, "streams_on_hung_server": on_hung,
+        "reference_errors": [r.error for r in reference if r.error],
+        "marked_down_seconds": round(marked_down, 2), "sessions_held_when_down": held_when_down,
+        **compare(reference, faulted),
+        "resumptions": sum(len(r.resumptions) for r in faulted), "moved_streams": len(stalls),
+        # SIGSTOP to `ready` elsewhere: HAProxy's checks (timeouts), the cut, the client's backoff, the handshake
+        "stall_seconds": {**percentiles(stalls, (50, 95)), "max": round(max(stalls), 3) if stalls else None},
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,15 +230,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=30, help="concurrent streams through the balancer")
     parser.add_argument("--term-at", type=float, default=3.0, help="seconds into the run: SIGTERM one server")
     parser.add_argument("--kill-at", type=float, default=5.0, help="seconds into the run: SIGKILL another")
+    parser.add_argument("--stop-at", type=float, default=3.0,
+                        help="seconds into a third run on a fresh cluster: SIGSTOP one server (0: skip that run)")
     parser.add_argument("--save", type=Path, default=None, help="also write the JSON result to this file")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.streams < 1 or not 0 < args.term_at < args.kill_at:
-        raise ValueError("--streams must be >= 1 and 0 < --term-at < --kill-at")
+    if args.streams < 1 or not 0 < args.term_at < args.kill_at or args.stop_at < 0:
+        raise ValueError("--streams must be >= 1, 0 < --term-at < --kill-at and --stop-at >= 0")
     result = {"command": "failover", "argv": command_line(), "machine": machine(),
-              **asyncio.run(failover(args.model, args.streams, args.term_at, args.kill_at))}
+              **asyncio.run(failover(args.model, args.streams, args.term_at, args.kill_at, args.stop_at or None))}
     emit(result, args.save)
-    ok = not result["lost"] and not result["duplicated"] and not result["differing"] and \
+    runs = [result, result.get("hang", {})]
+    ok = not any(run.get(k) for run in runs for k in ("lost", "duplicated", "differing")) and \
         not result["saturated_server_new_streams"]
     return 0 if ok else 1

@@ -1,20 +1,32 @@
-"""SubRip (.srt) and WebVTT (.vtt) cues from finals.
+"""SubRip (.srt) and WebVTT (.vtt) cues from finals (pure functions).
 
 One cue per final; a final longer than `MAX_CUE_SECONDS` or `MAX_CUE_CHARS` is split at word boundaries
 using its token times, when the tokens spell out the final's text (after ITN they may not; then the final
-stays one cue). Times are seconds from the stream start.
+stays one cue). Times are seconds from the stream start. A final is anything shaped like the wire's `final`
+(server/protocol.py's `Final`: text, start, end, tokens with text, start, end), so the server and the
+clients format subtitles alike without this module knowing either.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Protocol, Sequence
 
-from server.protocol import Final, TokenTime
+from .decoding import TokenTiming
 
 MAX_CUE_SECONDS = 7.0  # a reading-speed rule of thumb for subtitles
 MAX_CUE_CHARS = 84  # two lines of 42 characters
 WORD_MARKS = ("\u2581", " ")  # SentencePiece's word-start mark, or a plain space
 VTT_HEADER = "WEBVTT\n\n"
+
+
+class TimedText(Protocol):
+    text: str
+    start: float  # seconds
+    end: float
+
+
+class FinalLike(TimedText, Protocol):
+    tokens: Sequence[TimedText]
 
 
 @dataclass(frozen=True)
@@ -33,19 +45,19 @@ def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{milliseconds:03d}"
 
 
-def _words(tokens: list[TokenTime]) -> list[TokenTime]:
+def _words(tokens: Sequence[TimedText]) -> list[TokenTiming]:
     """Merge sub-word tokens into words (a token that starts with a word mark starts a new word)."""
-    words: list[TokenTime] = []
+    words: list[TokenTiming] = []
     for token in tokens:
         if words and not token.text.startswith(WORD_MARKS):
             last = words[-1]
-            words[-1] = TokenTime(last.text + token.text, last.start, token.end)
+            words[-1] = TokenTiming(last.text + token.text, last.start, token.end)
         else:
-            words.append(TokenTime(token.text, token.start, token.end))
-    return [TokenTime(w.text.replace(WORD_MARKS[0], " ").strip(), w.start, w.end) for w in words]
+            words.append(TokenTiming(token.text, token.start, token.end))
+    return [TokenTiming(w.text.replace(WORD_MARKS[0], " ").strip(), w.start, w.end) for w in words]
 
 
-def cues_for_final(final: Final, max_seconds: float = MAX_CUE_SECONDS, max_chars: int = MAX_CUE_CHARS) -> list[Cue]:
+def cues_for_final(final: FinalLike, max_seconds: float = MAX_CUE_SECONDS, max_chars: int = MAX_CUE_CHARS) -> list[Cue]:
     """The cues for one final: none for an empty text, usually one, several for a long final."""
     text = " ".join(final.text.split())
     if not text:
@@ -57,7 +69,7 @@ def cues_for_final(final: Final, max_seconds: float = MAX_CUE_SECONDS, max_chars
     if not words or " ".join(w.text for w in words).replace(" ", "") != text.replace(" ", ""):
         return whole  # tokens do not spell the text (ITN, punctuation): keep one cue
     cues: list[Cue] = []
-    group: list[TokenTime] = []
+    group: list[TokenTiming] = []
     for word in words:
         candidate = group + [word]
         too_long = len(" ".join(w.text for w in candidate)) > max_chars
@@ -83,10 +95,10 @@ def vtt_cue(cue: Cue) -> str:
     return f"{format_timestamp(cue.start, '.')} --> {format_timestamp(cue.end, '.')}\n{text}\n\n"
 
 
-def to_srt(finals: Iterable[Final]) -> str:
+def to_srt(finals: Iterable[FinalLike]) -> str:
     cues = [cue for final in finals for cue in cues_for_final(final)]
     return "".join(srt_cue(i, cue) for i, cue in enumerate(cues, start=1))
 
 
-def to_vtt(finals: Iterable[Final]) -> str:
+def to_vtt(finals: Iterable[FinalLike]) -> str:
     return VTT_HEADER + "".join(vtt_cue(cue) for final in finals for cue in cues_for_final(final))

@@ -1,4 +1,4 @@
-"""`python -m server.bench load`: N concurrent real-time streams against a server; latency and capacity.
+"""`python -m bench load`: N concurrent real-time streams against a server; latency and capacity.
 
 Each client streams its own "meeting" at real-time pace: the committed espeak utterances
 (tests/fixtures/three_utterances.wav, cut where its JSON sidecar says speech is) in a seeded order with

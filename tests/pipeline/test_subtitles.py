@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from subtitle_validator import parse_srt, parse_vtt
 
-from clients.subtitles import MAX_CUE_CHARS, MAX_CUE_SECONDS, cues_for_final, format_timestamp, to_srt, to_vtt
+from pipeline.subtitles import MAX_CUE_CHARS, MAX_CUE_SECONDS, cues_for_final, format_timestamp, to_srt, to_vtt
 from server.protocol import Final, TokenTime
 
 

@@ -1,6 +1,6 @@
 """Write the peer: FunASR's own ONNX export of SenseVoiceSmall, with the weights of our random model.
 
-    /opt/funasr-venv/bin/python -m server.bench.make_peer --out /tmp/sv_peer [--size full] [--seed S]
+    /opt/funasr-venv/bin/python -m bench.make_peer --out /tmp/sv_peer [--size full] [--seed S]
 
 Runs only under a Python that has the `funasr` package (the benchmark itself never imports it). It builds
 our seeded random model (export.sensevoice.random_model(size, seed)), loads its state_dict strictly into
@@ -87,7 +87,7 @@ def write_peer(ours, peer, out: Path, info: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return peer_main(argv, "server.bench.make_peer", __doc__, export_peer, "export.sensevoice")
+    return peer_main(argv, "bench.make_peer", __doc__, export_peer, "export.sensevoice")
 
 
 def peer_main(argv: list[str] | None, prog: str, doc: str, export_peer, seed_module: str) -> int:
