@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import ENCODER, Qwen3Decoder, Qwen3Shapes
+from pipeline.qwen3_decoding import ENCODER, Qwen3Decoder, Qwen3Shapes, audio_slots
 
 from export.onnx_export import deterministic_waveform
 from export.sensevoice import user_path
-from export.verify_qwen3 import audio_slots, sessions
+from export.verify_qwen3 import sessions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

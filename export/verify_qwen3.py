@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelDirectory
-from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, prompt_ids
+from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_ids, window_geometry
 
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
 from .verify import _passed, errors, make_session
@@ -48,20 +48,6 @@ def sessions(directory: ModelDirectory, precision: str, device: str, samples: in
         overrides[graph] = graph_overrides(path, samples, prompt, audio_tokens, cache)
         made[graph] = make_session(path, None, device, overrides=overrides[graph])
     return made, overrides
-
-
-def window_geometry(dims: dict) -> tuple[int, int]:
-    """(samples, audio tokens) of one attention window, from the manifest's dimensions."""
-    chunk_frames = tokens = 2 * dims["audio"]["n_window"]
-    for _ in range(3):  # three stride-2 convolutions
-        tokens = (tokens - 1) // 2 + 1
-    window_tokens = tokens * (dims["audio"]["n_window_infer"] // chunk_frames)
-    return dims["audio"]["n_window_infer"] * SAMPLE_RATE // 100, window_tokens  # 100 mel frames a second
-
-
-def audio_slots(dims: dict, shapes: Qwen3Shapes) -> int:
-    window, window_tokens = window_geometry(dims)
-    return shapes.container_samples // window * window_tokens
 
 
 def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tuple[float, ...], device: str) -> dict:

@@ -35,14 +35,23 @@ DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs
 # log-prob, the token count, CIF weights and peaks, and the valid CIF frames out (pipeline/paraformer_decoding.py).
 PARAFORMER_INPUT_NAMES = ("audio", "audio_lengths")
 PARAFORMER_OUTPUT_NAMES = ("token_ids", "token_logprobs", "token_counts", "cif_alphas", "cif_peaks", "peak_lengths")
+# Qwen3-ASR (architecture "qwen3-asr"): three graphs, each its own signature (export/qwen3_asr.py).
+QWEN3_SIGNATURES = {
+    "encoder": (("audio", "audio_lengths"), ("audio_embeds", "audio_token_lengths")),
+    "prefill": (("prompt_ids", "prompt_lengths", "audio_embeds"), ("logits", "keys", "values")),
+    "step": (("token_ids", "positions", "cache_keys", "cache_values"), ("logits", "keys", "values")),
+}
 
 # Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
 SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
 SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}
 
 
-def signature(architecture: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The graph's input and output names for a model family (the manifest's architecture)."""
+def signature(architecture: str, graph: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The graph's input and output names for a model family (the manifest's architecture); `graph` names
+    one graph of a several-graph family."""
+    if architecture == "qwen3-asr":
+        return QWEN3_SIGNATURES[graph]
     if architecture == "paraformer":
         return PARAFORMER_INPUT_NAMES, PARAFORMER_OUTPUT_NAMES
     return INPUT_NAMES, OUTPUT_NAMES
@@ -51,7 +60,7 @@ def signature(architecture: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 @dataclass(frozen=True)
 class ModelManifest:
     name: str
-    architecture: str  # "sensevoice" or "paraformer"
+    architecture: str  # "sensevoice", "paraformer" or "qwen3-asr"
     dimensions: dict  # models.sensevoice.ModelDimensions as a dict
     files: dict  # precision -> ONNX file name, only the precisions that were exported
     source: dict  # where the weights came from: {"kind": "checkpoint"|"random-init"|"trained", ...}

@@ -40,6 +40,31 @@ class Qwen3Result:
     step_logits: list[np.ndarray]  # each step's logits [V]
 
 
+def window_geometry(dims: dict) -> tuple[int, int]:
+    """(samples, audio tokens) of one attention window, from the manifest's dimensions."""
+    chunk_frames = tokens = 2 * dims["audio"]["n_window"]
+    for _ in range(3):  # three stride-2 convolutions
+        tokens = (tokens - 1) // 2 + 1
+    window_tokens = tokens * (dims["audio"]["n_window_infer"] // chunk_frames)
+    return dims["audio"]["n_window_infer"] * SAMPLE_RATE // 100, window_tokens  # 100 mel frames a second
+
+
+def audio_slots(dims: dict, shapes: Qwen3Shapes) -> int:
+    """The encoder's output rows for the container (whole windows of audio tokens)."""
+    window, window_tokens = window_geometry(dims)
+    return shapes.container_samples // window * window_tokens
+
+
+def serving_overrides(dims: dict) -> dict[str, dict[str, int]]:
+    """Graph -> the sizes of its free axes at the manifest's shapes (the encoder's axis is named by
+    torch.export as "<window samples>*windows" and is fixed at the container's samples)."""
+    shapes = Qwen3Shapes.from_dimensions(dims)
+    window, _ = window_geometry(dims)
+    return {ENCODER: {f"{window}*windows": shapes.container_samples},
+            PREFILL: {"prompt": shapes.prompt_slots, "audio_tokens": audio_slots(dims, shapes)},
+            STEP: {"cache": shapes.cache_slots}}
+
+
 def prompt_ids(prompt: dict, audio_tokens: int, slots: int) -> tuple[np.ndarray, int]:
     """The template around `audio_tokens` placeholders, padded to `slots`: (ids int64 [1, slots], length)."""
     ids = [*prompt["prefix"], *([prompt["audio_token_id"]] * audio_tokens), *prompt["suffix"]]
@@ -69,9 +94,11 @@ class Qwen3Decoder:
         return self.decode_container(container, len(audio), max_new_tokens)
 
     def decode_container(self, container: np.ndarray, valid: int, max_new_tokens: int | None = None,
-                         prompt_slots: int | None = None, cache_slots: int | None = None) -> Qwen3Result:
+                         prompt_slots: int | None = None, cache_slots: int | None = None,
+                         ignore_eos: bool = False) -> Qwen3Result:
         """As decode, for a container [1, samples] already filled (what lies past `valid` is ignored);
-        prompt_slots/cache_slots other than the manifest's are for verification only."""
+        prompt_slots/cache_slots other than the manifest's are for verification only; `ignore_eos` goes on
+        past an end token (the warm-up, which must run every graph)."""
         prompt_slots = prompt_slots or self.shapes.prompt_slots
         cache_slots = cache_slots or self.shapes.cache_slots
         limit = min(max_new_tokens or self.shapes.max_new_tokens, cache_slots)
@@ -89,7 +116,7 @@ class Qwen3Decoder:
         position = length
         for _ in range(limit):
             token = int(logits[0].argmax())
-            if token in self.eos:
+            if token in self.eos and not ignore_eos:
                 break
             tokens.append(token)
             if position >= cache_slots or len(tokens) == limit:

@@ -41,7 +41,8 @@ def load_shared_weights(path: Path) -> SharedWeights:
 
 
 def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
-                    shared: SharedWeights) -> ort.SessionOptions:
+                    shared: SharedWeights, overrides: dict[str, int] | None = None) -> ort.SessionOptions:
+    """`overrides`: sizes of free axes named otherwise (the several graphs of Qwen3-ASR)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -49,6 +50,8 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
     batch_dim, samples_dim = FREE_DIMENSIONS
     so.add_free_dimension_override_by_name(batch_dim, batch)
     so.add_free_dimension_override_by_name(samples_dim, size)
+    for name, value in (overrides or {}).items():
+        so.add_free_dimension_override_by_name(name, value)
     for key, value in config.session_config.items():
         so.add_session_config_entry(key, value)
     if shared:
@@ -61,10 +64,12 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
 
 
 def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
-                   shared: SharedWeights, device_id: int, architecture: str) -> SessionRunner:
-    """One session of the grid; ModelLoadError (the graph) or ProviderError (the device) when it fails."""
+                   shared: SharedWeights, device_id: int, architecture: str, graph: str = "",
+                   overrides: dict[str, int] | None = None) -> SessionRunner:
+    """One session of the grid; ModelLoadError (the graph) or ProviderError (the device) when it fails.
+    `graph` and `overrides`: which graph of a several-graph family, and its free axes' sizes."""
     try:
-        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared),
+        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared, overrides),
                                        providers=list(config.providers),
                                        provider_options=list(config.provider_options))
     except Exception as exc:  # ORT raises its own classes (InvalidProtobuf, Fail, EPFail, ...)
@@ -77,14 +82,14 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
                             f"{config.provider} (see its warnings above)", device=config.device)
     if config.device != "cpu":
         session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-    check_signature(session, path, architecture)
+    check_signature(session, path, architecture, graph)
     return SessionRunner(session, batch, size, config, device_id)
 
 
-def check_signature(session: ort.InferenceSession, path: Path, architecture: str) -> None:
+def check_signature(session: ort.InferenceSession, path: Path, architecture: str, graph: str = "") -> None:
     inputs = {i.name: i.shape for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    input_names, output_names = signature(architecture)
+    input_names, output_names = signature(architecture, graph)
     if set(inputs) != set(input_names) or set(outputs) not in (set(output_names),
                                                                 set(output_names) | set(DECODING_OUTPUT_NAMES)):
         raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "

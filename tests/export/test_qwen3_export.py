@@ -17,8 +17,7 @@ from export.verify import verify
 from pipeline.modeldir import read_model_directory
 from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes
 
-CONTAINER = 8.0  # four 2 s attention windows of the tiny preset
-MAX_NEW_TOKENS = 16
+CONTAINER, MAX_NEW_TOKENS = 8.0, 16  # conftest.py qwen3_model_dir exports the tiny preset with these
 
 
 def run_export(*args: str) -> subprocess.CompletedProcess:
@@ -27,12 +26,8 @@ def run_export(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3") / "tiny"
-    done = run_export("--random-init", "tiny", "--out", str(out), "--container", str(CONTAINER),
-                      "--max-new-tokens", str(MAX_NEW_TOKENS))
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
+def model_dir(qwen3_model_dir):
+    return qwen3_model_dir
 
 
 def served_decoder(model_dir, precision: str) -> Qwen3Decoder:
