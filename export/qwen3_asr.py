@@ -1,4 +1,5 @@
-"""`python -m export qwen3-asr --random-init tiny|0.6b|1.7b --out DIR`: Qwen3-ASR as three ONNX graphs.
+"""`python -m export qwen3-asr --checkpoint CKPT | --random-init tiny|0.6b|1.7b --out DIR`: Qwen3-ASR as three
+ONNX graphs (a released checkpoint: export/qwen3_checkpoint.py).
 
     DIR/encoder.onnx   audio float32 [1, windows * window samples], audio_lengths int32 [1]
                        -> audio_embeds float32 [1, windows * window tokens, H], audio_token_lengths int64 [1]
@@ -12,7 +13,7 @@
 The free axes (windows, prompt, audio_tokens, cache) are fixed per session by the server, at the shapes
 of the manifest; verification also runs them at a clip's own size. The container is a whole number of
 attention windows (8 s for the released models), so the default 30 s becomes 32 s.
-Not yet: --checkpoint (reading the released safetensors and the Qwen2 tokenizer) and fp16.
+Not yet: fp16.
 """
 from __future__ import annotations
 
@@ -150,9 +151,22 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
     return write_graphs_atomically(out, build, manifest, tokens)
 
 
+def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], name: str, source: dict,
+                      container: float = 30.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Path:
+    """A released checkpoint directory to the model directory `out` (written atomically); the exporter
+    contract of pipeline/catalog.py, which `python -m export pull` calls."""
+    from .qwen3_checkpoint import checkpoint_model
+
+    model, tokens = checkpoint_model(Path(directory))
+    return write(model, tokens, out, precisions, name, source, container, max_new_tokens)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--random-init", required=True, choices=("tiny", "0.6b", "1.7b"),
-                        help="seeded random weights of this size (released checkpoints: not yet)")
+    weights = parser.add_mutually_exclusive_group(required=True)
+    weights.add_argument("--checkpoint", type=user_path,
+                         help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's config.json, model.safetensors, "
+                              "vocab.json, tokenizer_config.json)")
+    weights.add_argument("--random-init", choices=("tiny", "0.6b", "1.7b"), help="seeded random weights of this size")
     parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default="fp32,int8", help="comma list of fp32, int8 (default fp32,int8)")
     parser.add_argument("--container", type=float, default=30.0,
@@ -169,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--container must be in (0, 600] seconds and --max-new-tokens in 1..4096")
     if args.out.exists():
         raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
+    if args.checkpoint:
+        out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or "qwen3-asr",
+                                {"kind": "checkpoint", "path": str(args.checkpoint)}, args.container, args.max_new_tokens)
+        print(f"wrote {out} ({', '.join(precisions)})")
+        return 0
     model = random_model(args.random_init, args.seed)
     source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
               "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
