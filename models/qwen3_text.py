@@ -68,17 +68,19 @@ class TextAttention(nn.Module):
             keys, values = torch.cat([past_keys, k], dim=2), torch.cat([past_values, v], dim=2)
         group = self.heads // self.kv_heads  # GQA: each kv head serves `group` query heads
         q = q.unflatten(1, (self.kv_heads, group))  # [B, kv, group, T, hd]
-        if past_keys is not None:
-            # The step's reductions run over the whole fixed cache; in float32 their summation order (the
-            # kernels' blocking) depends on the cache length, so a clip-sized and a served cache differed in
-            # the last bit, which int8's dynamic quantisation of o_proj's input amplified over steps (0.054
-            # at 0.6B). In float64 the two orders agree to ~1e-16, below float32's rounding: the cast back
-            # gives the same context. One query row per step: the cost is negligible.
-            q, keys, values = q.double(), keys.double(), values.double()
         scores = torch.matmul(q * self.head_dim**-0.5, keys[:, :, None].transpose(-2, -1))
-        scores = scores + attention_bias[:, :, None].to(scores.dtype)
-        probabilities = torch.softmax(scores if past_keys is not None else scores.float(), dim=-1)
-        context = torch.matmul(probabilities.to(values.dtype), values[:, :, None]).to(v.dtype)
+        scores = scores + attention_bias[:, :, None]
+        if past_keys is None:
+            probabilities = torch.softmax(scores.float(), dim=-1)
+        else:
+            # The step's softmax sums over the whole fixed cache: in float32 its kernel assigns elements to
+            # vector lanes by the cache length, so a clip-sized and a served cache differed in the last bit,
+            # which int8's dynamic quantisation of o_proj's input amplified over steps (0.054 at 0.6B). In
+            # float64 the two orders agree to ~1e-16, below float32's rounding. Only the scores are cast
+            # (heads x cache per layer); both products stay float32: each output element accumulates its
+            # terms in cache order, and the padded slots add exact zeros.
+            probabilities = torch.softmax(scores.double(), dim=-1).float()
+        context = torch.matmul(probabilities.to(v.dtype), values[:, :, None])
         out = self.o_proj(context.flatten(1, 2).transpose(1, 2).flatten(2) * mask)
         return out, k, v
 

@@ -303,6 +303,8 @@ class Engine:
         Any failure raises for the whole call (the caller may retry clip by clip)."""
         if self.policy is None:
             raise InferenceError("the engine is not loaded; call load() first")
+        if self.qwen3:
+            raise InferenceError("Qwen3-ASR gives no per-frame outputs: use transcribe_many()")
         audios, prompts, containers = [], [], []
         for clip in clips:
             audio = np.asarray(clip.audio, dtype=np.float32)
