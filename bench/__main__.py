@@ -1,4 +1,4 @@
-"""`python -m bench {model,paraformer,load,failover,train,silence,frameworks,report} ...`"""
+"""`python -m bench {model,paraformer,qwen3,load,failover,train,silence,frameworks,report} ...`"""
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m bench model|paraformer|load|failover|train|silence|frameworks|report`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|frameworks|report`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 COMMANDS = {
     "model": ("bench.model", "time one inference per container and per shape policy (and the peer)"),
     "paraformer": ("bench.paraformer", "one Paraformer inference (the serving path), ours against FunASR's export"),
+    "qwen3": ("bench.qwen3", "CPU seconds of a Qwen3-ASR directory: encoder, prefill, per token, a whole utterance"),
     "load": ("bench.load", "N concurrent real-time streams against a server: latency and capacity"),
     "failover": ("bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "train": ("bench.train", "seconds per training step of the demo model, fp32 against bf16"),

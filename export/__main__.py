@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,verify,add-decoding,train-demo,eval,eval-hotwords} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,qwen3-asr,verify,add-decoding,train-demo,eval,eval-hotwords} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ COMMANDS = {
     "pull": ("export.pull", "download a model by name (e.g. sensevoice-small), export, verify and cache it"),
     "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
+    "qwen3-asr": ("export.qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
     "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
     "add-decoding": ("export.decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
     "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),

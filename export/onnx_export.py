@@ -57,10 +57,10 @@ def export_onnx(model, path: Path, opset: int = OPSET) -> None:
             model, example, input_names=list(input_names), output_names=list(output_names),
             dynamic_shapes=dynamic, opset_version=opset, dynamo=True, external_data=False, verbose=False,
         )
-    program.save(str(path), external_data=_needs_external_data(model))
+    program.save(str(path), external_data=needs_external_data(model))
 
 
-def _needs_external_data(model) -> bool:
+def needs_external_data(model) -> bool:
     return sum(p.numel() * p.element_size() for p in model.state_dict().values()) > 1_800_000_000
 
 
@@ -98,7 +98,8 @@ def forbidden_ops(histogram: dict[str, int]) -> list[str]:
 
 def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None = None) -> list[str]:
     """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed (or the
-    free dimensions `overrides`, for a Paraformer decoder's batch, frames and tokens).
+    free dimensions named in `overrides`, for graphs with other free axes: a Paraformer decoder's batch,
+    frames and tokens, Qwen3-ASR's graphs).
 
     ONNX Runtime applies the free-dimension overrides and folds the shape arithmetic exactly as a
     serving session does; ONNX shape inference over that optimised graph then finds what is left.
@@ -135,27 +136,18 @@ def _has_external_data(path: Path) -> bool:
 def write_model_dir(
     model, tokens: list[str], out: Path, manifest: ModelManifest, precisions: tuple[str, ...], overwrite: bool = False
 ) -> Path:
-    """Export `model` in each precision into `out`, atomically: built in a temporary sibling directory,
-    renamed into place at the end, so a failure or interruption leaves no half-written directory."""
-    from tqdm import tqdm
-
+    """Export `model` in each precision into `out`, atomically (write_graphs_atomically)."""
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         raise ValueError(f"unknown precision {unknown[0]!r} (choose from {', '.join(PRECISIONS)})")
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:  # the error would name the temporary directory, not the one asked for
-        raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
-    try:
+    from tqdm import tqdm
+
+    def build(tmp: Path) -> ModelManifest:
         steps = ["fp32"] + [p for p in precisions if p != "fp32"]
         # A Paraformer is two graphs (its encoder + CIF, then its decoder), each written like a whole model.
         stages = list(zip(model.export_stages(), (ONNX_FILES, DECODER_ONNX_FILES)) if hasattr(model, "export_stages")
                       else [(model, ONNX_FILES)])
-        with tqdm(total=len(steps) * len(stages), desc=f"export {out.name}", unit="graph", disable=None) as progress:
+        with tqdm(total=len(steps) * len(stages), desc=f"export {Path(out).name}", unit="graph", disable=None) as progress:
             for precision in steps:
                 progress.set_postfix_str(precision)
                 for index, (module, names) in enumerate(stages):
@@ -177,7 +169,26 @@ def write_model_dir(
                 (tmp / names["fp32"]).unlink()
         files = {p: ONNX_FILES[p] for p in steps if p in precisions}
         decoder_files = {p: DECODER_ONNX_FILES[p] for p in files} if len(stages) > 1 else {}
-        write_model_directory(tmp, _with_files(manifest, files, top_k, decoder_files), tokens)
+        return _with_files(manifest, files, top_k, decoder_files)
+
+    return write_graphs_atomically(out, build, manifest, tokens, overwrite)
+
+
+def write_graphs_atomically(out: Path, build, manifest: ModelManifest, tokens: list[str], overwrite: bool = False) -> Path:
+    """Create the model directory `out` atomically: `build(tmp)` writes the graphs into a temporary sibling
+    directory (and may return the final manifest), manifest.json and tokens.txt follow, and the directory is
+    renamed into place at the end, so a failure or interruption leaves no half-written directory."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:  # the error would name the temporary directory, not the one asked for
+        raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
+    try:
+        manifest = build(tmp) or manifest
+        write_model_directory(tmp, manifest, tokens)
         os.chmod(tmp, 0o755)
         if out.exists():
             shutil.rmtree(out)

@@ -48,7 +48,8 @@ BATCH_ROWS = 4  # the batch-invariance check: the clip as row 0, other speech-li
 def make_session(path: Path, samples: int | None, device: str = "cpu", batch: int = 1,
                  overrides: dict[str, int] | None = None):
     """A plain session on `device` (the engine's provider settings, so TF32 is off on CUDA), with batch and
-    samples fixed (or the free dimensions `overrides`: a Paraformer decoder's), or none with samples None."""
+    samples fixed, or the free dimensions `overrides` (name -> size: a Paraformer decoder's, Qwen3-ASR's graphs).
+    No fixed dimension with samples None and no overrides."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -107,6 +108,10 @@ def errors(a: np.ndarray, b: np.ndarray) -> dict:
 def verify(model_dir: Path, precisions: list[str] | None, container: float | None, lengths: tuple[float, ...],
            device: str = "cpu") -> dict:
     directory = read_model_directory(model_dir)
+    if directory.manifest.architecture == "qwen3-asr":
+        from .verify_qwen3 import verify as verify_qwen3
+
+        return verify_qwen3(directory, precisions, lengths, device)
     container = container or directory.manifest.container_seconds
     container_samples = int(round(container * SAMPLE_RATE))
     too_long = [s for s in lengths if s * SAMPLE_RATE > container_samples]

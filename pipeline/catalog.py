@@ -88,7 +88,26 @@ SENSEVOICE_SMALL = CatalogModel(
     ),
 )
 
-MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL,)}
+# Qwen3-ASR-0.6B as Qwen published it on Hugging Face at commit 5eb14417. Where each pin comes from: the
+# commit and the sha256 of config.json, model.safetensors and vocab.json are those an independent public
+# project's build script pins for this commit (found with a code search; two projects name the commit).
+# tokenizer_config.json (the special tokens) is unpinned: no public source for its sha256 was found, so it is
+# checked against what the hub reports at download time. No sizes were found published: the hub's are used.
+# merges.txt is not downloaded (serving turns ids into text; it never encodes text).
+QWEN3_ASR_0_6B = CatalogModel(
+    name="qwen3-asr-0.6b",
+    description="Qwen3-ASR-0.6B: 30 languages and 22 Chinese dialects, language identification (LLM decoder)",
+    exporter="export.qwen3_asr",
+    sources=(HubSource("hf", "Qwen/Qwen3-ASR-0.6B", "5eb144179a02acc5e5ba31e748d22b0cf3e303b0"),),
+    files=(
+        HubFile("config.json", None, "76d3ae4601ce939830b2517f4a6cadb86cc51316c3900af6b020b051c21a478c"),
+        HubFile("model.safetensors", None, "79d6cbd4c98c7bbffe9db2edac07f56cd6637d0d5944b27f6c2b8353840323ea"),
+        HubFile("vocab.json", None, "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910"),
+        HubFile("tokenizer_config.json"),
+    ),
+)
+
+MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL, QWEN3_ASR_0_6B)}
 
 
 def unipad_home() -> Path:

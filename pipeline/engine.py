@@ -18,6 +18,8 @@
     engine.transcribe(..., hotwords=engine.hotword_graph(words))   beam search biased to the hotwords
                 (Clip.hotwords in transcribe_many; it decodes the graph's top-k, or the host's for old graphs)
 
+Qwen3-ASR (manifest architecture "qwen3-asr", pipeline/qwen3_engine.py) is served by three sessions
+(encoder, prefill, step) at the export's one container, batch 1; transcribe_many decodes each clip greedily.
 Graphs with in-graph decoding (pipeline/modeldir.py) return per-frame best ids and top-k; the host then
 receives the full [frames, vocab] log-probs only when a caller asks (`full=True`, run()).
 The engine is synchronous and thread-confined: the server calls it from its one worker thread.
@@ -29,6 +31,7 @@ ProtocolError code "bad_start" (a language the model does not know; the server s
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -48,6 +51,8 @@ from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choo
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
+from .qwen3_engine import ARCHITECTURE as QWEN3, create_qwen3_sessions, qwen3_decoder, warm_up_qwen3
+from .qwen3_text import qwen3_transcript
 from .providers import PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure, provider_config
 from .sessions import create_session, load_shared_weights, process_rss, release_free_memory, runner_on
 from .shapes import ShapePolicy
@@ -78,7 +83,8 @@ class Engine:
         self.policy: ShapePolicy | None = None
         self.batch_sizes: tuple[int, ...] = ()
         self.in_graph_decoding = False  # the graph outputs best ids and top-k (DECODING_OUTPUT_NAMES)
-        self.paraformer = self.model.manifest.architecture == "paraformer"  # else a CTC model (SenseVoice)
+        self.paraformer = self.model.manifest.architecture == "paraformer"
+        self.qwen3 = self.model.manifest.architecture == QWEN3  # neither: a CTC model (SenseVoice)
         self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
         self._decoder: DecoderGrid | None = None  # a Paraformer's second stage (pipeline/paraformer_stages.py)
@@ -127,11 +133,22 @@ class Engine:
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
-        policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
+        if self.qwen3:  # one container: the export's (pipeline/qwen3_engine.py)
+            policy = ShapePolicy((self.model.manifest.container_seconds,))
+        else:
+            policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
         # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
-        batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
+        batch_sizes = (1,) if self.paraformer or self.qwen3 else choose_batch_sizes(self.options.batch_sizes, device, precision)
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
                                  self.options.allow_tf32, self.options.dml_performance_preference)
+        if self.qwen3:
+            self._sessions = create_qwen3_sessions(self.model, precision, config, self.options.threads,
+                                                   self.options.device_id or 0)
+            self.policy, self.batch_sizes, self.device, self.provider, self.precision = (
+                policy, batch_sizes, device, config.provider, precision)
+            log.info("engine: %s, %s graphs %s, container %g s, batch 1", self.provider, precision,
+                     ", ".join(self.model.manifest.graphs[precision].values()), policy.containers[0])
+            return
         grid = [(b, size) for size in policy.sizes for b in batch_sizes]
         # A Paraformer on the CPU: one prepacked session per graph serves the grid (sessions.runner_on).
         one_session = self.paraformer and self.options.share_weights and device == "cpu"
@@ -174,6 +191,14 @@ class Engine:
 
     def warm_up(self) -> None:
         """Run each session once with exactly its shape; afterwards the engine is ready."""
+        if self.qwen3:
+            t = time.perf_counter()
+            warm_up_qwen3(qwen3_decoder(self.model, self._sessions, functools.partial(self._infer, warming=True)),
+                          WARMUP_FILL)
+            for session in self._sessions.values():
+                session.warmed = True
+            log.info("warmed encoder, prefill and step in %.2f s", time.perf_counter() - t)
+            return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
         for (batch, size), session in self._sessions.items():
             t, rss = time.perf_counter(), process_rss()
@@ -240,6 +265,8 @@ class Engine:
         Any failure raises for the whole call (the caller may retry clip by clip)."""
         if self.policy is None:
             raise InferenceError("the engine is not loaded; call load() first")
+        if self.qwen3:
+            raise InferenceError("Qwen3-ASR gives no per-frame outputs: use transcribe_many()")
         audios, prompts, containers = [], [], []
         for clip in clips:
             audio = np.asarray(clip.audio, dtype=np.float32)
@@ -283,6 +310,8 @@ class Engine:
         biased towards them; token times are seconds from each clip's offset (its first sample)."""
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
+        if self.qwen3:
+            return [self._transcribe_qwen3(clip.audio) for clip in clips]
         outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
         if self.paraformer:
             return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
@@ -297,6 +326,20 @@ class Engine:
                    hotwords: ContextGraph | None = None, beam: int = DEFAULT_BEAM) -> Transcript:
         """One clip through transcribe_many(); `hotwords` from hotword_graph()."""
         return self.transcribe_many([Clip(audio, language, itn, hotwords, beam)], [offset])[0]
+
+    def _transcribe_qwen3(self, audio: np.ndarray) -> Transcript:
+        """One clip through encoder, prefill and steps (pipeline/qwen3_engine.py); no token times."""
+        if not self.ready:
+            raise InferenceError("the engine is not loaded and warmed; call load() first")
+        audio = np.asarray(audio, dtype=np.float32)
+        try:
+            self.policy.container_for(len(audio))  # type: ignore[union-attr]
+        except ValueError as exc:
+            self.stats.failures += 1
+            raise InferenceError(str(exc), samples=len(audio)) from None
+        result = qwen3_decoder(self.model, self._sessions, self._infer).decode(audio)
+        self.stats.rows += 1
+        return qwen3_transcript(result.tokens, self.model.tokens)
 
     def _run_batch(self, run: Run, feed: dict[str, np.ndarray], topk: bool, full: bool) -> dict[str, np.ndarray]:
         session = self._sessions.get((run.batch, run.size))

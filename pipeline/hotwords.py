@@ -39,7 +39,7 @@ MAX_HOTWORDS = 256  # per stream (the server-wide list counts separately)
 MAX_HOTWORD_CHARS = 64
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weights are ~10-40 for Paraformer: weight 20 -> boost 2.0
 FUNASR_DEFAULT_WEIGHT = 20.0  # a plain-text hotword line without a weight
-NO_CTC_ARCHITECTURES = ("paraformer",)  # models whose graphs give no per-frame log-probs to search
+NO_CTC_ARCHITECTURES = ("paraformer", "qwen3-asr")  # models whose graphs give no per-frame log-probs to search
 
 
 @dataclass(frozen=True)

@@ -43,17 +43,24 @@ PARAFORMER_DECODER_INPUT_NAMES = ("encoder_out", "encoder_lengths", "token_embed
 PARAFORMER_DECODER_OUTPUT_NAMES = ("token_ids", "token_logprobs")
 DECODER_FREE_DIMENSIONS = ("batch", "frames", "tokens")
 DECODER_ONNX_FILES = {"fp32": "decoder.onnx", "int8": "decoder.int8.onnx", "fp16": "decoder.fp16.onnx"}
-
+# Qwen3-ASR (architecture "qwen3-asr"): three graphs, each its own signature (export/qwen3_asr.py).
+QWEN3_SIGNATURES = {
+    "encoder": (("audio", "audio_lengths"), ("audio_embeds", "audio_token_lengths")),
+    "prefill": (("prompt_ids", "prompt_lengths", "audio_embeds"), ("logits", "keys", "values")),
+    "step": (("token_ids", "positions", "cache_keys", "cache_values"), ("logits", "keys", "values")),
+}
 # Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
 SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
 SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}
 
 
-def signature(architecture: str, decoder: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The graph's input and output names for a model family (the manifest's architecture); `decoder`:
-    a Paraformer's second stage."""
+def signature(architecture: str, graph: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The graph's input and output names for a model family (the manifest's architecture); `graph` names
+    one graph of a several-graph family ("decoder": a Paraformer's second stage; Qwen3-ASR's three)."""
+    if architecture == "qwen3-asr":
+        return QWEN3_SIGNATURES[graph]
     if architecture == "paraformer":
-        if decoder:
+        if graph == "decoder":
             return PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
         return PARAFORMER_INPUT_NAMES, PARAFORMER_ENCODER_OUTPUT_NAMES
     return INPUT_NAMES, OUTPUT_NAMES
@@ -62,7 +69,7 @@ def signature(architecture: str, decoder: bool = False) -> tuple[tuple[str, ...]
 @dataclass(frozen=True)
 class ModelManifest:
     name: str
-    architecture: str  # "sensevoice" or "paraformer"
+    architecture: str  # "sensevoice", "paraformer" or "qwen3-asr"
     dimensions: dict  # models.sensevoice.ModelDimensions as a dict
     files: dict  # precision -> ONNX file name, only the precisions that were exported
     source: dict  # where the weights came from: {"kind": "checkpoint"|"random-init"|"trained", ...}
@@ -81,6 +88,9 @@ class ModelManifest:
     # languages would mislead, e.g. what a demo model recognises; empty for a general model.
     notice: str = ""
     decoder_files: dict = field(default_factory=dict)  # Paraformer: precision -> stage two's ONNX file
+    # Families served by several graphs (architecture "qwen3-asr": export/qwen3_asr.py): precision ->
+    # graph name -> file; `files` then names each precision's first graph. Empty for one-graph families.
+    graphs: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
@@ -150,4 +160,8 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
             raise ModelLoadError(f"{manifest_path}: unknown precision {precision!r}")
         if not (path / name).is_file():
             raise ModelLoadError(f"{path / name} is missing (listed in the manifest)")
+    for precision, graphs in manifest.graphs.items():
+        for name in graphs.values():
+            if not (path / name).is_file():
+                raise ModelLoadError(f"{path / name} is missing (listed in the manifest)")
     return ModelDirectory(path=path, manifest=manifest, tokens=tokens)

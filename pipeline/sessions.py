@@ -53,12 +53,13 @@ def free_dimensions(batch: int, size: int, tokens: int = 0) -> dict[str, int]:
 
 
 def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
-                    shared: SharedWeights, tokens: int = 0) -> ort.SessionOptions:
+                    shared: SharedWeights, tokens: int = 0, overrides: dict[str, int] | None = None) -> ort.SessionOptions:
+    """`overrides`: sizes of free axes named otherwise (the several graphs of Qwen3-ASR)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_mem_pattern = config.enable_mem_pattern
-    for name, value in free_dimensions(batch, size, tokens).items():
+    for name, value in {**free_dimensions(batch, size, tokens), **(overrides or {})}.items():
         so.add_free_dimension_override_by_name(name, value)
     for key, value in config.session_config.items():
         so.add_session_config_entry(key, value)
@@ -72,12 +73,14 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
 
 
 def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
-                   shared: SharedWeights, device_id: int, architecture: str, tokens: int = 0) -> SessionRunner:
+                   shared: SharedWeights, device_id: int, architecture: str, tokens: int = 0, graph: str = "",
+                   overrides: dict[str, int] | None = None) -> SessionRunner:
     """One session of the grid (`tokens` > 0: a Paraformer decoder's, for that many token rows; `size` 0: one
-    session for every shape of the grid, see runner_on); ModelLoadError (the graph) or
-    ProviderError (the device) when it fails."""
+    session for every shape of the grid, see runner_on; `graph` and `overrides`: which graph of a several-graph
+    family, and its free axes' sizes); ModelLoadError (the graph) or ProviderError (the device) when it fails."""
     try:
-        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared, tokens),
+        session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared, tokens,
+                                                                  overrides),
                                        providers=list(config.providers),
                                        provider_options=list(config.provider_options))
     except Exception as exc:  # ORT raises its own classes (InvalidProtobuf, Fail, EPFail, ...)
@@ -90,7 +93,7 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
                             f"{config.provider} (see its warnings above)", device=config.device)
     if config.device != "cpu":
         session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-    check_signature(session, path, architecture, decoder=tokens > 0, fixed=bool(size))
+    check_signature(session, path, architecture, graph or ("decoder" if tokens > 0 else ""), fixed=bool(size))
     return SessionRunner(session, batch, size, config, device_id)
 
 
@@ -104,11 +107,11 @@ def runner_on(runner: SessionRunner, batch: int, size: int) -> SessionRunner:
     return SessionRunner(runner.session, batch, size, runner.config, runner.device_id)
 
 
-def check_signature(session: ort.InferenceSession, path: Path, architecture: str, decoder: bool = False,
+def check_signature(session: ort.InferenceSession, path: Path, architecture: str, graph: str = "",
                     fixed: bool = True) -> None:
     inputs = {i.name: i.shape for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    input_names, output_names = signature(architecture, decoder)
+    input_names, output_names = signature(architecture, graph)
     if set(inputs) != set(input_names) or set(outputs) not in (set(output_names),
                                                                 set(output_names) | set(DECODING_OUTPUT_NAMES)):
         raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
@@ -117,7 +120,7 @@ def check_signature(session: ort.InferenceSession, path: Path, architecture: str
     free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
     if free and fixed:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
         raise ModelLoadError(f"{path}: inputs with free dimensions other than "
-                             f"{DECODER_FREE_DIMENSIONS if decoder else FREE_DIMENSIONS}: {free}")
+                             f"{DECODER_FREE_DIMENSIONS if graph == 'decoder' else FREE_DIMENSIONS}: {free}")
 
 
 def release_free_memory() -> None:

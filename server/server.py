@@ -10,6 +10,7 @@ Signal handlers only set flags and events; everything else happens in `serve()`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import signal
@@ -22,7 +23,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import OverloadError
 from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
-from pipeline.modeldir import read_model_directory
+from pipeline.modeldir import ModelManifest, read_model_directory
+from pipeline.segmenter import SegmenterOptions
 from pipeline.providers import resolve_device
 
 from .access import AuthFailures, install_redaction, proxy_networks
@@ -73,6 +75,16 @@ def engine_options(config: ServerConfig) -> EngineOptions:
                          cuda_graph=config.cuda_graph, allow_tf32=config.allow_tf32)
 
 
+def fit_segments(options: SegmenterOptions, manifest: ModelManifest) -> SegmenterOptions:
+    """A family with one fixed container (Qwen3-ASR: its export's, e.g. 8 s for the tiny geometry) cuts
+    segments and partial windows to it, so no segment outgrows the only shape that was warmed."""
+    if not manifest.graphs or manifest.container_seconds >= options.max_segment_seconds:
+        return options
+    longest = manifest.container_seconds
+    return dataclasses.replace(options, max_segment_seconds=longest,
+                               partial_window=min(options.partial_window, longest))
+
+
 class Server:
     """One listening port (plus the FunASR adapter's when configured), one engine, one worker thread."""
 
@@ -82,9 +94,9 @@ class Server:
         self.metrics = Metrics()
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
         self.trusted_proxies = proxy_networks(config.forwarded_allow_ips)  # --forwarded-allow-ips
-        self.segmenter_options = segmenter_options(config)
         self.engine = engine
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
+        self.segmenter_options = fit_segments(segmenter_options(config), self.model.manifest)
         self.model_name = self.model.manifest.name
         # The server-wide hotwords (--hotwords FILE), added to every stream's own; ValueError when bad.
         self.hotwords = read_model_hotwords(config.hotwords, self.model) if config.hotwords else ()

@@ -1,0 +1,198 @@
+"""`python -m export qwen3-asr --checkpoint CKPT | --random-init tiny|0.6b|1.7b --out DIR`: Qwen3-ASR as three
+ONNX graphs (a released checkpoint: export/qwen3_checkpoint.py).
+
+    DIR/encoder.onnx   audio float32 [1, windows * window samples], audio_lengths int32 [1]
+                       -> audio_embeds float32 [1, windows * window tokens, H], audio_token_lengths int64 [1]
+    DIR/prefill.onnx   prompt_ids int64 [1, prompt], prompt_lengths int64 [1], audio_embeds [1, audio_tokens, H]
+                       -> logits float32 [1, V], keys, values float32 [layers, 1, kv_heads, prompt, head_dim]
+    DIR/step.onnx      token_ids int64 [1, 1], positions int64 [1], cache_keys, cache_values
+                       [layers, 1, kv_heads, cache, head_dim] -> logits [1, V], keys, values [.., 1, head_dim]
+    DIR/*.int8.onnx    the same with int8 MatMul weights (the CPU precision)
+    DIR/manifest.json  architecture "qwen3-asr"; dimensions: models.qwen3_asr.Qwen3ASRDimensions plus
+                       "shapes" (pipeline/qwen3_decoding.py's Qwen3Shapes); graphs: precision -> graph -> file
+The free axes (windows, prompt, audio_tokens, cache) are fixed per session by the server, at the shapes
+of the manifest; verification also runs them at a clip's own size. The container is a whole number of
+attention windows (8 s for the released models), so the default 30 s becomes 32 s.
+Not yet: fp16.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.modeldir import ModelManifest
+from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
+
+from .onnx_export import OPSET, needs_external_data, quantize_int8, write_graphs_atomically
+from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
+
+DEFAULT_SEED = 20261124
+DEFAULT_MAX_NEW_TOKENS = 256
+GRAPH_FILES = {"fp32": {g: f"{g}.onnx" for g in (ENCODER, PREFILL, STEP)},
+               "int8": {g: f"{g}.int8.onnx" for g in (ENCODER, PREFILL, STEP)}}
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, audio, audio_lengths):
+        return self.model.encode(*self.model.features(audio, audio_lengths))
+
+
+class PrefillGraph(EncoderGraph):
+    def forward(self, prompt_ids, prompt_lengths, audio_embeds):
+        return self.model.prefill(prompt_ids, prompt_lengths, audio_embeds)
+
+
+class StepGraph(EncoderGraph):
+    def forward(self, token_ids, positions, cache_keys, cache_values):
+        return self.model.step(token_ids, positions, cache_keys, cache_values)
+
+
+def window_samples(dims) -> int:
+    return dims.audio.n_window_infer * SAMPLE_RATE // 100  # 100 mel frames a second
+
+
+def serving_shapes(model, container_seconds: float, max_new_tokens: int) -> Qwen3Shapes:
+    from models.qwen3_asr import prompt_capacity
+
+    dims = model.dims
+    windows = max(1, math.ceil(container_seconds * SAMPLE_RATE / window_samples(dims)))
+    prompt_slots = prompt_capacity(dims, windows * dims.audio.window_tokens)
+    return Qwen3Shapes(windows * window_samples(dims), prompt_slots, prompt_slots + max_new_tokens, max_new_tokens)
+
+
+def export_graphs(model, directory: Path, shapes: Qwen3Shapes) -> None:
+    """The three fp32 graphs into `directory`, each with its free axes."""
+    dims = model.dims
+    windows = torch.export.Dim("windows", min=1, max=max(2, 600 * SAMPLE_RATE // window_samples(dims)))
+    prompt, audio_tokens = torch.export.Dim("prompt", min=2, max=65536), torch.export.Dim("audio_tokens", min=1, max=65536)
+    cache = torch.export.Dim("cache", min=2, max=65536)
+    text = dims.text
+    audio_slots = shapes.container_samples // window_samples(dims) * dims.audio.window_tokens
+    cache_shape = (text.num_hidden_layers, 1, text.num_key_value_heads, shapes.cache_slots, text.head_dim)
+    graphs = {
+        ENCODER: (EncoderGraph(model), (torch.zeros(1, shapes.container_samples),
+                                        torch.tensor([shapes.container_samples], dtype=torch.int32)),
+                  ("audio", "audio_lengths"), ("audio_embeds", "audio_token_lengths"),
+                  {"audio": {1: window_samples(dims) * windows}, "audio_lengths": {}}),
+        PREFILL: (PrefillGraph(model), (torch.zeros(1, shapes.prompt_slots, dtype=torch.int64),
+                                        torch.tensor([shapes.prompt_slots]), torch.zeros(1, audio_slots, text.hidden_size)),
+                  ("prompt_ids", "prompt_lengths", "audio_embeds"), ("logits", "keys", "values"),
+                  {"prompt_ids": {1: prompt}, "prompt_lengths": {}, "audio_embeds": {1: audio_tokens}}),
+        STEP: (StepGraph(model), (torch.zeros(1, 1, dtype=torch.int64), torch.tensor([shapes.prompt_slots]),
+                                  torch.zeros(cache_shape), torch.zeros(cache_shape)),
+               ("token_ids", "positions", "cache_keys", "cache_values"), ("logits", "keys", "values"),
+               {"token_ids": {}, "positions": {}, "cache_keys": {3: cache}, "cache_values": {3: cache}}),
+    }
+    for name, (graph, example, inputs, outputs, dynamic) in graphs.items():
+        with torch.no_grad():
+            program = torch.onnx.export(graph.eval(), example, input_names=list(inputs), output_names=list(outputs),
+                                        dynamic_shapes=dynamic, opset_version=OPSET, dynamo=True, verbose=False)
+        # Past protobuf's 2 GB (the 0.6B decoder: 2.4 GB in fp32) the weights go to "<file>.data".
+        program.save(str(directory / GRAPH_FILES["fp32"][name]), external_data=needs_external_data(model))
+
+
+def synthetic_tokens(dims) -> list[str]:
+    """Random weights carry no tokenizer: <|tok{i}|> for every id, the prompt's own ids named for their role."""
+    prompt = dims.prompt
+    tokens = [f"<|tok{i}|>" for i in range(dims.text.vocab_size)]
+    tokens[prompt.audio_token_id] = "<|audio_pad|>"
+    tokens[prompt.prefix[-1]], tokens[prompt.suffix[0]] = "<|audio_start|>", "<|audio_end|>"
+    tokens[prompt.eos_token_ids[0]], tokens[prompt.eos_token_ids[-1]] = "<|im_end|>", "<|endoftext|>"
+    return tokens
+
+
+def random_model(size: str, seed: int):
+    from models.qwen3_asr import Qwen3ASR, Qwen3ASRDimensions
+
+    torch.manual_seed(seed)
+    model = Qwen3ASR(Qwen3ASRDimensions.preset(size)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # unit-scale activations: N(0, 1/fan_in) matrices (torch's default init is smaller)
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter[0].numel() ** 0.5)
+    return model
+
+
+def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
+          container: float, max_new_tokens: int, notice: str = "") -> Path:
+    unsupported = [p for p in precisions if p not in GRAPH_FILES]
+    if unsupported:
+        raise ValueError(f"qwen3-asr exports {', '.join(GRAPH_FILES)} (not {unsupported[0]} yet)")
+    shapes = serving_shapes(model, container, max_new_tokens)
+
+    def build(directory: Path) -> None:
+        export_graphs(model, directory, shapes)
+        for precision in precisions:
+            if precision == "int8":
+                for graph, file in GRAPH_FILES["int8"].items():
+                    quantize_int8(directory / GRAPH_FILES["fp32"][graph], directory / file)
+        if "fp32" not in precisions:
+            for file in GRAPH_FILES["fp32"].values():
+                for path in directory.glob(f"{file}*"):  # the graph and its external weights
+                    path.unlink()
+
+    dims = model.dims.to_dict() | {"shapes": vars(shapes), "vocab_size": model.dims.text.vocab_size}
+    manifest = ModelManifest(
+        name=name, architecture="qwen3-asr", dimensions=dims, source=source, notice=notice, opset=OPSET,
+        files={p: GRAPH_FILES[p][ENCODER] for p in precisions}, graphs={p: GRAPH_FILES[p] for p in precisions},
+        container_seconds=shapes.container_samples / SAMPLE_RATE, prompt_frames=0, languages={"auto": 0},
+        tag_tokens={},
+    )
+    return write_graphs_atomically(out, build, manifest, tokens)
+
+
+def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], name: str, source: dict,
+                      container: float = 30.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Path:
+    """A released checkpoint directory to the model directory `out` (written atomically); the exporter
+    contract of pipeline/catalog.py, which `python -m export pull` calls."""
+    from .qwen3_checkpoint import checkpoint_model
+
+    model, tokens = checkpoint_model(Path(directory))
+    return write(model, tokens, out, precisions, name, source, container, max_new_tokens)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    weights = parser.add_mutually_exclusive_group(required=True)
+    weights.add_argument("--checkpoint", type=user_path,
+                         help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's config.json, model.safetensors, "
+                              "vocab.json, tokenizer_config.json)")
+    weights.add_argument("--random-init", choices=("tiny", "0.6b", "1.7b"), help="seeded random weights of this size")
+    parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
+    parser.add_argument("--precision", default="fp32,int8", help="comma list of fp32, int8 (default fp32,int8)")
+    parser.add_argument("--container", type=float, default=30.0,
+                        help="container seconds, rounded up to whole attention windows (default 30 -> 32)")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                        help=f"decoder cache room past the prompt (default {DEFAULT_MAX_NEW_TOKENS})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --random-init")
+    parser.add_argument("--name", help="model name recorded in the manifest")
+
+
+def run(args: argparse.Namespace) -> int:
+    precisions = parse_precisions(args.precision)
+    if not 0 < args.container <= 600 or not 0 < args.max_new_tokens <= 4096:
+        raise ValueError("--container must be in (0, 600] seconds and --max-new-tokens in 1..4096")
+    if args.out.exists():
+        raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
+    if args.checkpoint:
+        out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or "qwen3-asr",
+                                {"kind": "checkpoint", "path": str(args.checkpoint)}, args.container, args.max_new_tokens)
+        print(f"wrote {out} ({', '.join(precisions)})")
+        return 0
+    model = random_model(args.random_init, args.seed)
+    source = {"kind": "random-init", "size": args.random_init, "seed": args.seed,
+              "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
+    out = write(model, synthetic_tokens(model.dims), args.out, precisions,
+                args.name or f"qwen3-asr-random-{args.random_init}", source, args.container, args.max_new_tokens,
+                notice=RANDOM_INIT_NOTICE)
+    print(f"wrote {out} ({', '.join(precisions)})")
+    return 0

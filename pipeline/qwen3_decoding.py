@@ -1,0 +1,130 @@
+"""Qwen3-ASR's three graphs (encoder, prefill, step) driven at fixed shapes: audio in, greedy tokens out.
+
+numpy and onnxruntime only. Every call runs at one of three shapes fixed by the manifest: the encoder at
+the container, prefill at `prompt_slots`, each step at `cache_slots`. The prompt is the chat template
+around as many audio placeholders as the clip has audio tokens, padded to `prompt_slots`; the step's keys
+and values go to cache slot `position` here on the host (the graph returns them; no in-graph scatter).
+Decoding stops at an end-of-text id, at `max_new_tokens`, or when the cache is full.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .audio import SAMPLE_RATE
+
+ENCODER, PREFILL, STEP = "encoder", "prefill", "step"
+GRAPHS = (ENCODER, PREFILL, STEP)
+
+
+@dataclass(frozen=True)
+class Qwen3Shapes:
+    """The fixed shapes a model directory serves at (manifest dimensions["shapes"])."""
+
+    container_samples: int
+    prompt_slots: int
+    cache_slots: int
+    max_new_tokens: int
+
+    @classmethod
+    def from_dimensions(cls, dimensions: dict) -> Qwen3Shapes:
+        return cls(**dimensions["shapes"])
+
+
+@dataclass(frozen=True)
+class Qwen3Result:
+    tokens: list[int]
+    audio_tokens: int
+    first_logits: np.ndarray  # prefill's logits [V] (for verification)
+    step_logits: list[np.ndarray]  # each step's logits [V]
+
+
+def window_geometry(dims: dict) -> tuple[int, int]:
+    """(samples, audio tokens) of one attention window, from the manifest's dimensions."""
+    chunk_frames = tokens = 2 * dims["audio"]["n_window"]
+    for _ in range(3):  # three stride-2 convolutions
+        tokens = (tokens - 1) // 2 + 1
+    window_tokens = tokens * (dims["audio"]["n_window_infer"] // chunk_frames)
+    return dims["audio"]["n_window_infer"] * SAMPLE_RATE // 100, window_tokens  # 100 mel frames a second
+
+
+def audio_slots(dims: dict, shapes: Qwen3Shapes) -> int:
+    """The encoder's output rows for the container (whole windows of audio tokens)."""
+    window, window_tokens = window_geometry(dims)
+    return shapes.container_samples // window * window_tokens
+
+
+def serving_overrides(dims: dict) -> dict[str, dict[str, int]]:
+    """Graph -> the sizes of its free axes at the manifest's shapes (the encoder's axis is named by
+    torch.export as "<window samples>*windows" and is fixed at the container's samples)."""
+    shapes = Qwen3Shapes.from_dimensions(dims)
+    window, _ = window_geometry(dims)
+    return {ENCODER: {f"{window}*windows": shapes.container_samples},
+            PREFILL: {"prompt": shapes.prompt_slots, "audio_tokens": audio_slots(dims, shapes)},
+            STEP: {"cache": shapes.cache_slots}}
+
+
+def prompt_ids(prompt: dict, audio_tokens: int, slots: int) -> tuple[np.ndarray, int]:
+    """The template around `audio_tokens` placeholders, padded to `slots`: (ids int64 [1, slots], length)."""
+    ids = [*prompt["prefix"], *([prompt["audio_token_id"]] * audio_tokens), *prompt["suffix"]]
+    if len(ids) > slots:
+        raise ValueError(f"a prompt of {len(ids)} tokens does not fit {slots} prompt slots")
+    padded = np.full((1, slots), prompt["eos_token_ids"][-1], dtype=np.int64)
+    padded[0, : len(ids)] = ids
+    return padded, len(ids)
+
+
+class Qwen3Decoder:
+    """sessions: {"encoder", "prefill", "step"} -> onnxruntime.InferenceSession; prompt: manifest
+    dimensions["prompt"]; shapes: the fixed shapes every call runs at."""
+
+    def __init__(self, sessions: dict, prompt: dict, shapes: Qwen3Shapes) -> None:
+        self.sessions, self.prompt, self.shapes = sessions, prompt, shapes
+        self.eos = set(prompt["eos_token_ids"])
+
+    def decode(self, audio: np.ndarray, max_new_tokens: int | None = None) -> Qwen3Result:
+        """Greedy tokens of one clip (float32 [n] in [-1, 1], n <= container) at the fixed shapes."""
+        shapes = self.shapes
+        if len(audio) > shapes.container_samples:
+            raise ValueError(f"{len(audio) / SAMPLE_RATE:g} s of audio exceeds the "
+                             f"{shapes.container_samples / SAMPLE_RATE:g} s container")
+        container = np.zeros((1, shapes.container_samples), dtype=np.float32)
+        container[0, : len(audio)] = audio
+        return self.decode_container(container, len(audio), max_new_tokens)
+
+    def decode_container(self, container: np.ndarray, valid: int, max_new_tokens: int | None = None,
+                         prompt_slots: int | None = None, cache_slots: int | None = None,
+                         ignore_eos: bool = False) -> Qwen3Result:
+        """As decode, for a container [1, samples] already filled (what lies past `valid` is ignored);
+        prompt_slots/cache_slots other than the manifest's are for verification only; `ignore_eos` goes on
+        past an end token (the warm-up, which must run every graph)."""
+        prompt_slots = prompt_slots or self.shapes.prompt_slots
+        cache_slots = cache_slots or self.shapes.cache_slots
+        limit = min(max_new_tokens or self.shapes.max_new_tokens, cache_slots)
+        embeds, token_lengths = self.sessions[ENCODER].run(
+            None, {"audio": container.astype(np.float32, copy=False), "audio_lengths": np.array([valid], np.int32)})
+        audio_tokens = int(token_lengths[0])
+        ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots)
+        logits, keys, values = self.sessions[PREFILL].run(
+            None, {"prompt_ids": ids, "prompt_lengths": np.array([length], np.int64), "audio_embeds": embeds})
+        cache_shape = list(keys.shape)
+        cache_shape[3] = cache_slots
+        cache_keys, cache_values = np.zeros(cache_shape, np.float32), np.zeros(cache_shape, np.float32)
+        cache_keys[:, :, :, :prompt_slots], cache_values[:, :, :, :prompt_slots] = keys, values
+        first_logits, step_logits, tokens = logits[0], [], []
+        position = length
+        for _ in range(limit):
+            token = int(logits[0].argmax())
+            if token in self.eos and not ignore_eos:
+                break
+            tokens.append(token)
+            if position >= cache_slots or len(tokens) == limit:
+                break
+            logits, keys, values = self.sessions[STEP].run(None, {
+                "token_ids": np.array([[token]], np.int64), "positions": np.array([position], np.int64),
+                "cache_keys": cache_keys, "cache_values": cache_values})
+            cache_keys[:, :, :, position], cache_values[:, :, :, position] = keys[:, :, :, 0], values[:, :, :, 0]
+            step_logits.append(logits[0])
+            position += 1
+        return Qwen3Result(tokens, audio_tokens, first_logits, step_logits)

@@ -1,0 +1,62 @@
+"""Qwen3-ASR as the engine's third family: its three sessions at the manifest's fixed shapes.
+
+The engine (pipeline/engine.py) keeps its contract: load() creates and warms every session, a clip that
+outgrows the container is an InferenceError, each session run goes through the engine's counted,
+fault-checked `_infer`. What differs from the one-graph families: one container (the export's, a whole
+number of attention windows), batch 1, and three sessions (encoder, prefill, step) instead of a grid;
+every free axis is fixed by a free-dimension override, so no call can run at a shape that was not warmed.
+A clip is decoded greedily (pipeline/qwen3_decoding.py) and its tokens become a Transcript
+(pipeline/qwen3_text.py). A partial decodes the open segment like a final.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .errors import ModelLoadError
+from .modeldir import ModelDirectory
+from .providers import ProviderConfig, SessionRunner
+from .qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
+from .sessions import create_session
+
+ARCHITECTURE = "qwen3-asr"
+WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
+
+
+def create_qwen3_sessions(model: ModelDirectory, precision: str, config: ProviderConfig, threads: int,
+                          device_id: int) -> dict[str, SessionRunner]:
+    """Graph name -> its session, every free axis fixed at the manifest's shapes."""
+    graphs = model.manifest.graphs.get(precision)
+    if not graphs or set(graphs) != set(GRAPHS):
+        raise ModelLoadError(f"{model.path}: the manifest names no {precision} {', '.join(GRAPHS)} graphs",
+                             precision=precision)
+    dims = model.manifest.dimensions
+    shapes, overrides = Qwen3Shapes.from_dimensions(dims), serving_overrides(dims)
+    # The weights are not shared between prefill and step (each holds the decoder's): not done yet.
+    return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads, {},
+                                  device_id, ARCHITECTURE, graph=graph, overrides=overrides[graph])
+            for graph in GRAPHS}
+
+
+class GraphRun:
+    """ONNX Runtime's `run(names, feed)` for Qwen3Decoder, through one of the engine's runs."""
+
+    def __init__(self, runner: SessionRunner, infer: Callable) -> None:
+        self.runner, self.infer = runner, infer
+
+    def run(self, _names, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.infer(self.runner, feed, self.runner.output_names)
+
+
+def qwen3_decoder(model: ModelDirectory, sessions: dict[str, SessionRunner], infer: Callable) -> Qwen3Decoder:
+    dims = model.manifest.dimensions
+    return Qwen3Decoder({g: GraphRun(s, infer) for g, s in sessions.items()}, dims["prompt"],
+                        Qwen3Shapes.from_dimensions(dims))
+
+
+def warm_up_qwen3(decoder: Qwen3Decoder, fill: float) -> None:
+    """Run encoder, prefill and one step at their shapes (a clip of `fill` x the container, zeros)."""
+    shapes = decoder.shapes
+    container = np.zeros((1, shapes.container_samples), np.float32)
+    decoder.decode_container(container, int(shapes.container_samples * fill), WARMUP_TOKENS, ignore_eos=True)

@@ -1,0 +1,14 @@
+"""`python -m bench qwen3` on the tiny Qwen3-ASR export (conftest's qwen3_model_dir): it prints its figures."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_prints_its_figures(qwen3_model_dir):
+    done = subprocess.run([sys.executable, "-m", "bench", "qwen3", str(qwen3_model_dir), "--seconds", "3",
+                           "--tokens", "4", "--repeat", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["tokens"] == 4 and figures["encoder_s"] > 0 and figures["ms_per_token"] > 0

@@ -1,0 +1,127 @@
+"""`python -m export qwen3-asr --checkpoint` and `python -m export pull qwen3-asr-0.6b`, on the tiny fixture's
+weights written in the released layout (Qwen/Qwen3-ASR-0.6B on Hugging Face: config.json with a
+thinker_config, model.safetensors with `thinker.*` keys, vocab.json, tokenizer_config.json's added tokens).
+
+The fixture (tests/fixtures/qwen3, made by make_qwen3_fixture.py with the `qwen-asr` package) holds the
+reference model's state_dict and its greedy tokens on three clips; the exported graphs must decode the same.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from hub_mirror import HubMirror, MirrorFile
+
+from export.__main__ import main
+from pipeline import catalog
+from pipeline.catalog import QWEN3_ASR_0_6B, HubFile
+from pipeline.modeldir import read_model_directory
+from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3"
+CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))
+REFERENCE = np.load(FIXTURE / "reference.npz")
+SPECIAL = {250: "<|im_start|>", 251: "<|im_end|>", 252: "<|endoftext|>", 253: "<|audio_start|>",
+           254: "<|audio_end|>", 255: "<|audio_pad|>"}  # the tiny preset's prompt ids (models/qwen3_asr.py)
+WORDS = {10: "system", 11: "user", 12: "assistant", 13: "Ċ"}
+
+
+def released_files() -> dict[str, bytes]:
+    """The tiny reference model as Qwen lays out Qwen3-ASR-0.6B (weights in float32 here, bf16 there)."""
+    from safetensors.torch import save
+
+    dims = CONFIG["dims"]
+    config = {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr",
+              "thinker_config": {"audio_config": dims["audio"], "text_config": dims["text"],
+                                 "audio_token_id": dims["prompt"]["audio_token_id"]}}
+    state = torch.load(FIXTURE / "model.pt", map_location="cpu", weights_only=True)
+    vocab = {WORDS.get(i, f"t{i}"): i for i in range(250)}
+    added = {str(i): {"content": text, "special": True} for i, text in SPECIAL.items()}
+    return {"config.json": json.dumps(config).encode(), "model.safetensors": save(state),
+            "vocab.json": json.dumps(vocab).encode(), "tokenizer_config.json": json.dumps({"added_tokens_decoder": added}).encode()}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("qwen3-released")
+    for name, data in released_files().items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def clip_audio(clip: str) -> np.ndarray:
+    samples, rate = soundfile.read(FIXTURE.parent / "three_utterances.wav", dtype="float32")
+    start, seconds = CONFIG["clips"][clip]
+    return samples[int(start * rate): int(start * rate) + int(seconds * rate)]
+
+
+def decoder(model_dir: Path, precision: str) -> Qwen3Decoder:
+    import onnxruntime as ort
+
+    directory = read_model_directory(model_dir)
+    dims = directory.manifest.dimensions
+    made = {}
+    for graph in GRAPHS:
+        options = ort.SessionOptions()
+        for name, size in serving_overrides(dims)[graph].items():
+            options.add_free_dimension_override_by_name(name, size)
+        made[graph] = ort.InferenceSession(str(model_dir / directory.manifest.graphs[precision][graph]), options)
+    return Qwen3Decoder(made, dims["prompt"], Qwen3Shapes.from_dimensions(dims))
+
+
+def test_checkpoint_exports_the_reference_model(checkpoint, tmp_path):
+    out = tmp_path / "model"
+    assert main(["qwen3-asr", "--checkpoint", str(checkpoint), "--out", str(out), "--container", "8",
+                 "--max-new-tokens", str(CONFIG["max_new_tokens"]), "--precision", "fp32"]) == 0
+    directory = read_model_directory(out)
+    assert directory.manifest.source["kind"] == "checkpoint"
+    assert directory.manifest.dimensions["prompt"] == CONFIG["dims"]["prompt"]  # looked up by token text
+    assert [directory.tokens[i] for i in SPECIAL] == list(SPECIAL.values()) and directory.tokens[13] == "Ċ"
+    fp32 = decoder(out, "fp32")
+    for clip in CONFIG["clips"]:
+        assert fp32.decode(clip_audio(clip)).tokens == REFERENCE[f"tokens_{clip}"].tolist(), clip
+
+
+def test_a_checkpoint_without_the_prompt_tokens_is_refused(checkpoint, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in checkpoint.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    (broken / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {}}))
+    assert main(["qwen3-asr", "--checkpoint", str(broken), "--out", str(tmp_path / "x")]) == 1
+    assert "the tokenizer lacks the prompt's tokens <|audio_end|>" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+async def test_pull_then_serve_by_name(tmp_path, monkeypatch, capsys, speech, serve_test_server):
+    """The catalogue's real repository and revision, its file list swapped for the tiny files' hashes."""
+    from clients.client import connect
+    from pipeline.audio import SAMPLE_RATE
+    from server.cli import build_parser, config_from_args
+
+    monkeypatch.setenv("UNIPAD_HOME", str(tmp_path / "unipad"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    files = {name: MirrorFile(data, lfs=name == "model.safetensors") for name, data in released_files().items()}
+    entry = dataclasses.replace(QWEN3_ASR_0_6B, files=tuple(HubFile(n, len(f.data), f.sha256) for n, f in files.items()))
+    monkeypatch.setitem(catalog.MODELS, entry.name, entry)
+    source = entry.source("hf")
+    with HubMirror({source.repo: files}, revisions=(source.revision,)) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        code = main(["pull", entry.name, "--precision", "int8"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    assert hub.errors == []
+    config = config_from_args(build_parser().parse_args(["--model", entry.name]))
+    assert config.model == tmp_path / "unipad" / "models" / entry.name
+    async with serve_test_server(config.model) as url:
+        async with connect(url, sample_rate=SAMPLE_RATE) as stream:
+            assert stream.ready.model == entry.name
+            pcm = (speech.audio * 32767).astype(np.int16)
+            for i in range(0, len(pcm), SAMPLE_RATE // 10):
+                await stream.send(pcm[i:i + SAMPLE_RATE // 10])
+            done = await stream.stop()
+    assert done.segments == len(speech.utterances) == len(stream.finals)

@@ -1,0 +1,103 @@
+"""`python -m export qwen3-asr` on the tiny geometry: three graphs, the manifest, verify, and the ONNX
+decoder (pipeline/qwen3_decoding.py) against the PyTorch model it was exported from."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.onnx_export import deterministic_waveform
+from export.qwen3_asr import DEFAULT_SEED, random_model
+from export.verify import verify
+from pipeline.modeldir import read_model_directory
+from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes
+
+CONTAINER, MAX_NEW_TOKENS = 8.0, 16  # conftest.py qwen3_model_dir exports the tiny preset with these
+
+
+def run_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "export", "qwen3-asr", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def model_dir(qwen3_model_dir):
+    return qwen3_model_dir
+
+
+def served_decoder(model_dir, precision: str) -> Qwen3Decoder:
+    directory = read_model_directory(model_dir)
+    shapes = Qwen3Shapes.from_dimensions(directory.manifest.dimensions)
+    sessions = {graph: ort.InferenceSession(str(model_dir / directory.manifest.graphs[precision][graph]),
+                                            providers=["CPUExecutionProvider"]) for graph in GRAPHS}
+    return Qwen3Decoder(sessions, directory.manifest.dimensions["prompt"], shapes)
+
+
+def test_manifest_lists_three_graphs_per_precision(model_dir):
+    manifest = read_model_directory(model_dir).manifest
+    assert manifest.architecture == "qwen3-asr"
+    assert set(manifest.graphs) == {"fp32", "int8"} and all(set(g) == set(GRAPHS) for g in manifest.graphs.values())
+    shapes = Qwen3Shapes.from_dimensions(manifest.dimensions)
+    assert shapes.container_samples == CONTAINER * 16000 and shapes.cache_slots == shapes.prompt_slots + MAX_NEW_TOKENS
+    assert len((model_dir / "tokens.txt").read_text(encoding="utf-8").splitlines()) == manifest.dimensions["vocab_size"]
+
+
+def test_verify_passes_fp32_and_int8(model_dir):
+    report = verify(model_dir, None, None, (1.5, 6.1))
+    assert report["passed"], json.dumps(report)[:2000]
+    assert report["static_shapes"] and not report["forbidden_ops"]
+    for entry in report["precisions"].values():
+        assert all(r["tokens_equal"] and r["tokens"] > 0 for r in entry["lengths"].values())
+
+
+def test_onnx_decoder_equals_the_pytorch_model(model_dir):
+    model = random_model("tiny", DEFAULT_SEED)
+    audio = deterministic_waveform(3.3, seed=5)
+    decoder = served_decoder(model_dir, "fp32")
+    container = np.zeros((1, decoder.shapes.container_samples), np.float32)
+    container[0, : len(audio)] = audio
+    with torch.no_grad():
+        mel, mel_lengths = model.features(torch.from_numpy(container), torch.tensor([len(audio)]))
+        expected = model.greedy_decode(mel, mel_lengths, MAX_NEW_TOKENS)[0]
+    assert decoder.decode(audio).tokens == expected
+    assert served_decoder(model_dir, "int8").decode(audio).tokens  # int8 runs and decodes
+
+
+def test_audio_longer_than_the_container_is_refused(model_dir):
+    decoder = served_decoder(model_dir, "fp32")
+    with pytest.raises(ValueError, match="exceeds the 8 s container"):
+        decoder.decode(np.zeros(int(CONTAINER * 16000) + 1, np.float32))
+
+
+def test_unsupported_precision_is_a_clear_error(tmp_path):
+    done = run_export("--random-init", "tiny", "--out", str(tmp_path / "x"), "--precision", "fp16")
+    assert done.returncode == 1 and "qwen3-asr exports fp32, int8 (not fp16 yet)" in done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_step_does_not_depend_on_the_cache_length(model_dir, precision):
+    """The same step over a 40-slot and the served cache (zeros past the valid slots) gives bit-identical
+    logits: its attention reduces over the cache in float64 (in float32 the kernels' summation order
+    followed the cache length, and int8 amplified that last bit over steps: 0.054 at 0.6B)."""
+    directory = read_model_directory(model_dir)
+    dims, text = directory.manifest.dimensions, directory.manifest.dimensions["text"]
+    path = str(model_dir / directory.manifest.graphs[precision]["step"])
+    valid = 33
+    kv = (text["num_hidden_layers"], 1, text["num_key_value_heads"], valid, text["head_dim"])
+    rng = np.random.default_rng(7)
+    past_keys, past_values = rng.standard_normal(kv, dtype=np.float32), rng.standard_normal(kv, dtype=np.float32)
+    logits = []
+    for slots in (40, Qwen3Shapes.from_dimensions(dims).cache_slots):
+        options = ort.SessionOptions()
+        options.add_free_dimension_override_by_name("cache", slots)
+        keys, values = (np.zeros((*kv[:3], slots, kv[4]), np.float32) for _ in range(2))
+        keys[:, :, :, :valid], values[:, :, :, :valid] = past_keys, past_values
+        feed = {"token_ids": np.array([[5]]), "positions": np.array([valid]), "cache_keys": keys, "cache_values": values}
+        logits.append(ort.InferenceSession(path, options).run(None, feed)[0])
+    assert np.array_equal(logits[0], logits[1])

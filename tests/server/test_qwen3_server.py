@@ -1,0 +1,106 @@
+"""Qwen3-ASR served end to end: the real server, a real WebSocket, the Python client and the `openai` SDK.
+
+The model is the tiny Qwen3-ASR geometry with seeded random weights (conftest's `qwen3_model_dir`, an 8 s
+container): its words are noise, but the engine runs the real encoder, prefill and step graphs at their
+fixed shapes, the VAD cuts the segments, and partials re-decode the open segment.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from openai_testkit import TOKEN, own_protocol_text, sdk
+
+from clients.client import connect
+from pipeline.audio import SAMPLE_RATE
+from pipeline.engine import Engine, EngineOptions
+from pipeline.errors import InferenceError, ProtocolError
+from pipeline.hotwords import parse_hotwords
+from pipeline.qwen3_text import fix_repetitions, parse_output, token_text
+from server.protocol import Done, Final
+from server_testkit import http_get
+
+
+@pytest.fixture(scope="module")
+def engine(qwen3_model_dir):
+    return Engine(qwen3_model_dir, EngineOptions(device="cpu")).load()
+
+
+def test_engine_serves_three_warmed_graphs_at_fixed_shapes(engine, speech):
+    assert engine.ready and engine.precision == "int8" and engine.containers == (8.0,)
+    for runner in engine._sessions.values():  # every axis fixed: no call can run at a shape not warmed
+        assert all(isinstance(d, int) for i in runner.session.get_inputs() for d in i.shape)
+    clip = speech.audio[: int(2.5 * SAMPLE_RATE)]
+    alone = engine.transcribe(clip)
+    calls = engine.stats.calls
+    assert alone.text and engine.transcribe(clip) == alone  # the same clip, the same text
+    assert engine.stats.calls == calls * 2 and engine.stats.unwarmed_calls == 0
+    with pytest.raises(InferenceError, match="longer than the largest container"):
+        engine.transcribe(np.zeros(9 * SAMPLE_RATE, np.float32))
+    with pytest.raises(InferenceError, match="no per-frame outputs"):
+        engine.run(clip)
+    with pytest.raises(ProtocolError, match="hotwords need a CTC model"):
+        engine.hotword_graph(parse_hotwords(["window"]))
+
+
+async def test_stream_through_the_python_client(serve_test_server, qwen3_model_dir, speech):
+    async with serve_test_server(qwen3_model_dir, partial_interval=0.3) as url:
+        assert url.server.segmenter_options.max_segment_seconds == 8.0  # the one container
+        async with connect(url, sample_rate=SAMPLE_RATE) as stream:
+            pcm = (speech.audio * 32767).astype(np.int16)
+            for i in range(0, len(pcm), SAMPLE_RATE // 10):
+                await stream.send(pcm[i:i + SAMPLE_RATE // 10])
+            done = await stream.stop()
+        status, _, body = await http_get(url.http, "/metrics")
+    assert isinstance(done, Done) and done.segments == len(speech.utterances)
+    finals = stream.finals
+    assert [f.segment for f in finals] == list(range(len(speech.utterances)))
+    for final, utterance in zip(finals, speech.utterances):
+        assert isinstance(final, Final) and final.text
+        assert final.start <= utterance["end"] and final.end >= utterance["start"]
+    assert status == 200 and "unipad_unwarmed_shape_calls 0.0" in body.decode()
+
+
+async def test_partials_re_decode_the_open_segment(serve_test_server, qwen3_model_dir, speech):
+    from server_testkit import run_stream
+
+    pauses = [((u["start"] + u["end"]) / 2, lambda m, i=i: m["type"] == "partial" and m["segment"] == i)
+              for i, u in enumerate(speech.utterances)]
+    async with serve_test_server(qwen3_model_dir, partial_interval=0.3) as url:
+        result = await run_stream(url, speech.audio, pauses=pauses)
+    assert {p["segment"] for p in result.of("partial")} == set(range(len(speech.utterances)))
+    assert [f["segment"] for f in result.of("final")] == list(range(len(speech.utterances)))
+    assert all(p["text"] for p in result.of("partial"))
+    assert result.messages[-1] == {"type": "done", "segments": len(speech.utterances)}
+
+
+async def test_openai_upload_through_the_sdk(serve_test_server, qwen3_model_dir, speech):
+    """The same segments give the same text through the OpenAI endpoint as through our own protocol."""
+    import io
+
+    import soundfile
+
+    wav = io.BytesIO()  # the very samples our protocol sends (a random decoder flips on the last bit)
+    soundfile.write(wav, np.clip(np.round(speech.audio * 32767), -32768, 32767).astype(np.int16), SAMPLE_RATE,
+                    format="WAV")
+    async with serve_test_server(qwen3_model_dir, token=TOKEN) as url:
+        client = sdk(url)
+        own = await own_protocol_text(url, speech.audio)
+        plain = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav.getvalue()))
+        verbose = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav.getvalue()),
+                                                           response_format="verbose_json",
+                                                           timestamp_granularities=["segment"])
+    assert plain.text and plain.text == own
+    assert len(verbose.segments) == len(speech.utterances) and verbose.text == plain.text
+
+
+def test_tokens_become_text_as_the_reference_parses_them():
+    """Byte-level BPE to UTF-8 (a character split over tokens), the language tag, the repetition fix."""
+    tokens = ["language", "ĠEnglish", "<asr_text>", "Hel", "lo", "Ġw", "orld", "Ġä", "½", "ł", "å¥½"]
+    assert token_text(range(len(tokens)), tokens) == "language English<asr_text>Hello world 你好"
+    assert parse_output("language English<asr_text>Hello world") == ("en", "Hello world")
+    assert parse_output("language None<asr_text>") == (None, "")
+    assert parse_output("just text") == (None, "just text")
+    assert fix_repetitions("a" * 30 + "b") == "ab"
+    assert fix_repetitions("x " + "ha" * 25 + " end") == "x ha end"
+    assert fix_repetitions("ha" * 5) == "ha" * 5  # short runs stay
+    assert parse_output("language Chinese<asr_text>你好") == ("zh", "你好")
