@@ -7,6 +7,15 @@ from client_testkit import knows_words, normalise
 from test_browser_page import CHROMIUM, WAIT_MS, browser, pytestmark, stats  # noqa: F401 - fixture, skip mark
 
 
+async def stop_and_read(page) -> tuple[dict, list[int], list[str], str]:
+    """Stop the page's stream, wait for idle; its counts, the finals' segment numbers and texts, its errors."""
+    await page.get_by_role("button", name="Stop").click()
+    await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
+    segments = await page.locator("#finals li").evaluate_all("items => items.map(i => Number(i.dataset.segment))")
+    finals = await page.locator("#finals li .text").all_inner_texts()
+    return await stats(page), segments, finals, await page.locator("#errors").inner_text()
+
+
 async def test_page_resumes_a_lost_connection(serve_test_server, browser, speech, test_model_dir):  # noqa: F811
     async with serve_test_server(partial_interval=0.3) as url:
         page = await browser.new_page()
@@ -19,12 +28,7 @@ async def test_page_resumes_a_lost_connection(serve_test_server, browser, speech
             connection.ws.transport.abort()
         n = len(speech.utterances)
         await page.wait_for_function(f"window.unipad.stats.finals >= {n}", timeout=WAIT_MS)
-        await page.get_by_role("button", name="Stop").click()
-        await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
-        counts = await stats(page)
-        segments = await page.locator("#finals li").evaluate_all("items => items.map(i => Number(i.dataset.segment))")
-        finals = await page.locator("#finals li .text").all_inner_texts()
-        errors = await page.locator("#errors").inner_text()
+        counts, segments, finals, errors = await stop_and_read(page)
         resumed = url.server.metrics.sessions_resumed._value.get()
     assert page_errors == [] and errors == "", (page_errors, errors)
     assert counts["resumes"] == 1 and resumed == 1 and counts["done"] == 1, counts
@@ -50,12 +54,7 @@ async def test_page_waits_out_a_long_outage_while_its_audio_is_kept(serve_test_s
     async with serve_test_server(partial_interval=0.3, port=url.port) as url:
         n = len(speech.utterances)
         await page.wait_for_function(f"window.unipad.stats.finals >= {n}", timeout=WAIT_MS)
-        await page.get_by_role("button", name="Stop").click()
-        await page.wait_for_selector('#state[data-state="idle"]', timeout=WAIT_MS)
-        counts = await stats(page)
-        segments = await page.locator("#finals li").evaluate_all("items => items.map(i => Number(i.dataset.segment))")
-        finals = await page.locator("#finals li .text").all_inner_texts()
-        errors = await page.locator("#errors").inner_text()
+        counts, segments, finals, errors = await stop_and_read(page)
     assert page_errors == [] and errors == "", (page_errors, errors)
     assert counts["resumes"] > 8 and counts["done"] == 1, counts
     assert segments[:n] == list(range(n)) and len(set(segments)) == len(segments), segments
