@@ -2,7 +2,8 @@
 
 Sessions fixed at the manifest's shapes, as served. Printed (one JSON object): encoder seconds per container,
 prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
-clip of --seconds, and the peak RSS of this process. Random weights never stop early, so the utterance
+clip of --seconds, and the peak RSS of this process. Each stage is timed around its own session calls
+(best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random weights never stop early, so the utterance
 decodes exactly --tokens tokens.
 """
 from __future__ import annotations
@@ -12,14 +13,32 @@ import json
 import resource
 import time
 
-import numpy as np
 
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import ENCODER, Qwen3Decoder, Qwen3Shapes, audio_slots
+from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes, audio_slots
 
 from export.onnx_export import deterministic_waveform
 from export.sensevoice import user_path
 from export.verify_qwen3 import sessions
+
+
+class TimedSession:
+    """An InferenceSession that adds up the time and count of its run() calls."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+    def run(self, outputs, feed):
+        start = time.perf_counter()
+        try:
+            return self.session.run(outputs, feed)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,26 +59,24 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.seconds * 16000 <= shapes.container_samples or args.tokens < 2:
         raise ValueError(f"--seconds must fit the {shapes.container_samples / 16000:g} s container and --tokens be >= 2")
     audio = deterministic_waveform(args.seconds, seed=3)
-    container = np.zeros((1, shapes.container_samples), np.float32)
-    container[0, : len(audio)] = audio
-    feed = {"audio": container, "audio_lengths": np.array([len(audio)], np.int32)}
 
-    def best(fn) -> float:
-        times = []
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    encoder = best(lambda: made[ENCODER].run(None, feed))
-    first = best(lambda: decoder.decode(audio, 1))
-    whole = best(lambda: decoder.decode(audio, args.tokens))
+    decoder.sessions = {name: TimedSession(session) for name, session in made.items()}
+    runs = []
+    for _ in range(args.repeat):
+        for timed in decoder.sessions.values():
+            timed.reset()
+        start = time.perf_counter()
+        tokens = len(decoder.decode(audio, args.tokens).tokens)
+        whole = time.perf_counter() - start
+        steps = decoder.sessions[STEP]
+        runs.append((whole, decoder.sessions[ENCODER].seconds, decoder.sessions[PREFILL].seconds,
+                     1000 * steps.seconds / max(steps.calls, 1)))
+    whole, encoder, prefill, ms_per_token = (min(figure) for figure in zip(*runs))
     figures = {
         "precision": args.precision, "container_seconds": shapes.container_samples / 16000,
         "prompt_slots": shapes.prompt_slots, "cache_slots": shapes.cache_slots,
-        "encoder_s": encoder, "prefill_s": first - encoder, "ms_per_token": 1000 * (whole - first) / (args.tokens - 1),
-        f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": len(decoder.decode(audio, args.tokens).tokens),
+        "encoder_s": encoder, "prefill_s": prefill, "ms_per_token": ms_per_token,
+        f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": tokens,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
     print(json.dumps(figures))
