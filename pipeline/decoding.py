@@ -149,6 +149,25 @@ def starting_at(transcript: Transcript, speech_start: float) -> Transcript:
     return dataclasses.replace(transcript, tokens=clamp(transcript.tokens), words=clamp(transcript.words))
 
 
+def after_context(transcript: Transcript, start: float, end: float,
+                  previous: Sequence[TokenTiming] | None) -> Transcript:
+    """The transcript of audio whose seconds [start, end) were heard only as context (the end of the
+    previous segment, pipeline/trim.py), without the words of that context: as many leading words as
+    `previous` (that segment's own words) has centred from `start` on; without them (it failed), the words
+    centred before `end`. Tokens go with their word; the text is that of the tokens kept; tags stay."""
+    if previous is not None:
+        drop = sum(1 for w in previous if (w.start + w.end) / 2 >= start)
+    else:
+        drop = sum(1 for w in transcript.words if (w.start + w.end) / 2 < end)
+    if not drop:
+        return transcript
+    kept = transcript.words[drop:]
+    first = kept[0].start if kept else math.inf
+    tokens = tuple(t for t in transcript.tokens if t.start >= first)
+    text = " ".join("".join(t.text for t in tokens).split())
+    return dataclasses.replace(transcript, text=text, tokens=tokens, words=tuple(kept))
+
+
 def _tag_kind(name: str) -> str | None:
     if name in LANGUAGES:
         return "language"

@@ -85,6 +85,7 @@ class Engine:
         self.in_graph_decoding = False  # the graph outputs best ids and top-k (DECODING_OUTPUT_NAMES)
         self.paraformer = self.model.manifest.architecture == "paraformer"
         self.qwen3 = self.model.manifest.architecture == QWEN3  # neither: a CTC model (SenseVoice)
+        self.word_times = not self.qwen3  # whether transcripts time their words (Qwen3's decoder does not)
         self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
         self._decoder: DecoderGrid | None = None  # a Paraformer's second stage (pipeline/paraformer_stages.py)

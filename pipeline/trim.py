@@ -12,18 +12,29 @@ segmenter cuts from a live stream).
 - A whole buffer (a Realtime commit without turn detection) goes through the segmenter first, so that
   what counts as speech has one definition; a buffer without any is no segment at all (`speech_in`), and
   its transcript is empty, as OpenAI's is.
+- A segment that begins less than JOIN_SILENCE after the previous one ended continues that utterance: a
+  client's VAD committed at a short pause (pipecat's default stop_secs is 0.2 s, LiveKit's server VAD
+  silence 350 ms) or our segmenter cut at its length limit. Alone, such a fragment is often one short word
+  the model gets wrong ("two" heard as "oh"); so the model hears up to CONTEXT_SECONDS of the previous
+  segment before it (`Continuation`). Its transcript then drops as many leading words as the previous
+  segment's transcript had in that context (pipeline.decoding.after_context): counted, not timed, because
+  CTC spikes come early by a model's own offset and the word at a cut straddles it.
 """
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
 from .audio import SAMPLE_RATE
-from .segmenter import PartialDue, SegmentFinished, Segmenter, SegmenterOptions
+from .decoding import TokenTiming
+from .segmenter import FRAME_SECONDS, PartialDue, SegmentFinished, Segmenter, SegmenterOptions
 
 Cut = TypeVar("Cut", SegmentFinished, PartialDue)
+JOIN_SILENCE = 0.5  # a shorter pause lies inside one utterance (OpenAI's default silence_duration_ms, our end_silence)
+CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues it
 
 
 def trim_to_speech(audio: np.ndarray, audio_start: float, start: float, end: float, pre_roll: float,
@@ -59,3 +70,53 @@ def speech_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.0,
     cut = audio[begin:int(round(last.audio_start * SAMPLE_RATE)) + len(last.audio)]
     return SegmentFinished(segment, round(first.start + offset, 6), round(last.end + offset, 6), cut,
                            round(first.audio_start + offset, 6))
+
+
+@dataclass
+class Said:
+    """A final's words, filled in once its transcript is made (None until then, or when it failed)."""
+    words: tuple[TokenTiming, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Context:
+    """The previous segment's end heard before a segment: stream seconds [start, end) of its audio, and what
+    that segment said. Its words there are dropped from this transcript (pipeline.decoding.after_context)."""
+    start: float
+    end: float
+    previous: Said
+
+
+class Continuation:
+    """One stream's finals in order: each becomes what the model hears of it, with the end of the previous
+    one before it when it continues that utterance. Times are the stream's; `forget()` when the audio
+    between two segments was discarded (a cleared buffer), so they no longer follow each other."""
+
+    def __init__(self, options: SegmenterOptions) -> None:
+        self.options = options
+        self.previous: SegmentFinished | None = None
+        self.said = Said()
+
+    def forget(self) -> None:
+        self.previous = None
+
+    def next(self, segment: SegmentFinished) -> tuple[SegmentFinished, Context | None, Said]:
+        """`segment` (already trimmed by for_model) as the model hears it, its context (None: it has
+        none), and where its own words go once decoded (for the segment after it)."""
+        previous, said = self.previous, self.said
+        self.previous, self.said = segment, Said()
+        room = self.options.max_segment_seconds - len(segment.audio) / SAMPLE_RATE
+        seconds = min(CONTEXT_SECONDS, room)
+        if previous is None or segment.start - previous.end >= JOIN_SILENCE or seconds < FRAME_SECONDS:
+            return segment, None, self.said
+        begin = max(previous.audio_start, segment.audio_start - seconds)
+        first = int(round((begin - previous.audio_start) * SAMPLE_RATE))
+        last = int(round((segment.audio_start - previous.audio_start) * SAMPLE_RATE))
+        heard = previous.audio[first:min(last, len(previous.audio))]
+        if not len(heard):
+            return segment, None, self.said
+        # The pause between them that neither segment kept (at most JOIN_SILENCE less both rolls) is silence.
+        gap = np.zeros(max(0, last - first - len(heard)), np.float32)
+        audio = np.concatenate([heard, gap, segment.audio]).astype(np.float32, copy=False)
+        joined = dataclasses.replace(segment, audio=audio, audio_start=round(begin, 6))
+        return joined, Context(round(begin, 6), segment.start, said), self.said

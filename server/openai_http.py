@@ -25,7 +25,7 @@ from pipeline.audio import SAMPLE_RATE, AudioFormat
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
-from pipeline.trim import for_model
+from pipeline.trim import Continuation, for_model
 
 from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, note_client_address, request_token, token_matches
@@ -239,6 +239,8 @@ class FileTranscription:
         try:
             options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
             session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
+            # a cut at the segment length limit falls inside speech: hear the end of the one before
+            continuation = Continuation(options) if self.app.engine.word_times else None
             done = False
             while not done:
                 events = await asyncio.to_thread(self._feed_block, blocks, session)
@@ -247,7 +249,7 @@ class FileTranscription:
                 for event in events:
                     if isinstance(event, SegmentFinished):
                         await self._slots.acquire()
-                        pending.put_nowait(self._submit(event, language))
+                        pending.put_nowait(self._submit(event, language, continuation))
         except AudioFormatError as exc:  # found while decoding (a NaN sample)
             raise invalid_file(exc) from None
         finally:
@@ -261,9 +263,12 @@ class FileTranscription:
         self._samples += len(block)
         return session.feed(block.astype("<f4").tobytes())
 
-    def _submit(self, event: SegmentFinished, language: str) -> asyncio.Future[Segment]:
+    def _submit(self, event: SegmentFinished, language: str,
+                continuation: Continuation | None) -> asyncio.Future[Segment]:
         future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
-        event = for_model(event, self.app.segmenter_options)
+        event, context, said = for_model(event, self.app.segmenter_options), None, None
+        if continuation is not None:
+            event, context, said = continuation.next(event)
 
         def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
             if future.done():
@@ -280,5 +285,6 @@ class FileTranscription:
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,
-                                   deliver=deliver, language=language, hotwords=self.app.server_hotword_graph))
+                                   deliver=deliver, language=language, hotwords=self.app.server_hotword_graph,
+                                   context=context, said=said))
         return future

@@ -128,6 +128,8 @@ class RealtimeConnection(StreamConnection):
                 await self._commit()
             elif kind == "input_audio_buffer.clear":
                 self._restart()
+                if self._continuation is not None:  # the next speech no longer follows the last segment
+                    self._continuation.forget()
                 self._put(event("input_audio_buffer.cleared"))
             else:
                 raise EventError(f"Invalid value: '{kind}'. This server takes {GA_UPDATE}, {BETA_UPDATE} and "

@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
 from pipeline.segmenter import PartialDue, SegmentFinished
 from pipeline.stream import StreamSession
-from pipeline.trim import for_model
+from pipeline.trim import Continuation, for_model
 
 from .http import client_address, token_matches
 from .logs import StreamLog
@@ -171,6 +171,8 @@ class StreamConnection:
         self._finals_sent.set()
         self._jobs: set[Job] = set()  # submitted and not yet delivered (of partials, only the newest)
         self._closed_segment = -1  # highest segment whose SegmentFinished has been seen
+        # finals that continue the previous one are heard after its end (pipeline/trim.py); words need times
+        self._continuation = Continuation(app.segmenter_options) if app.engine.word_times else None
         # (stream seconds received, monotonic time) after each audio message, for the latency metric
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
         self._sender: asyncio.Task[None] | None = None
@@ -323,8 +325,12 @@ class StreamConnection:
 
     def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
         event = for_model(event, self.app.segmenter_options)  # the model's pre-roll, not a client's longer one
+        context = said = None
+        if kind == FINAL and self._continuation is not None:
+            event, context, said = self._continuation.next(event)
         job = Job(session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
-                  audio_start=event.audio_start, audio=event.audio, arrived=arrived, **self._job_options())
+                  audio_start=event.audio_start, audio=event.audio, arrived=arrived, context=context, said=said,
+                  **self._job_options())
         if kind == PARTIAL:  # the worker keeps one partial per session: the ones it replaced never come back
             self._jobs = {j for j in self._jobs if j.kind != PARTIAL}
         self._jobs.add(job)

@@ -30,7 +30,8 @@ import numpy as np
 
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import Clip
-from pipeline.decoding import starting_at
+from pipeline.decoding import after_context, starting_at
+from pipeline.trim import Context, Said
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 
 from .metrics import Metrics
@@ -63,6 +64,8 @@ class Job:
     language: str = "auto"
     itn: bool = False
     hotwords: Any = None  # the stream's ContextGraph (pipeline/hotwords.py); None: greedy decoding
+    context: Context | None = None  # the previous segment's end, heard first (pipeline/trim.py)
+    said: Said | None = None  # a final's words go here, for the final after it
     arrived: float = 0.0
     cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
     submitted: float = field(default_factory=time.monotonic)
@@ -215,7 +218,14 @@ class Worker:
     def _transcribe(self, jobs: list[Job]) -> list[Any]:
         clips = [Clip(job.audio, job.language, job.itn, job.hotwords) for job in jobs]
         transcripts = self.engine.transcribe_many(clips, [job.audio_start for job in jobs])
-        return [starting_at(t, job.start) for t, job in zip(transcripts, jobs)]  # words start at the speech
+        out = []
+        for t, job in zip(transcripts, jobs):  # in submission order: a final's words are kept before the next's
+            if job.context is not None:
+                t = after_context(t, job.context.start, job.context.end, job.context.previous.words)
+            out.append(starting_at(t, job.start))  # words start at the speech
+            if job.said is not None:
+                job.said.words = out[-1].words
+        return out
 
     def _one(self, job: Job) -> tuple[Any, UnipadError | None]:
         try:

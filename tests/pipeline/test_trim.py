@@ -3,14 +3,17 @@ no word starts before the speech (issue 25)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.decoding import TokenTiming, Transcript, starting_at
+from pipeline.decoding import TokenTiming, Transcript, after_context, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
-from pipeline.trim import for_model, speech_in, trim_to_speech
+from pipeline.trim import CONTEXT_SECONDS, JOIN_SILENCE, Context, Continuation, for_model, speech_in, trim_to_speech
 
 
 def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
@@ -85,3 +88,108 @@ def test_a_false_start_before_the_speech_is_not_its_start(demo_speech):
     assert found.audio_start == pytest.approx(found.start - options.pre_roll)
     with pytest.raises(ValueError, match="false_start_silence"):
         Segmenter(dataclasses.replace(options, false_start_silence=0.0))
+
+
+# ---- a segment that continues the one before (a client's VAD committed at a short pause) ------------------
+
+def cut(segment: int, audio_start: float, start: float, end: float, post_roll: float = 0.2) -> SegmentFinished:
+    """A segment whose samples are their own stream time in seconds (so a test reads where each came from)."""
+    times = np.arange(round(audio_start * SAMPLE_RATE), round((end + post_roll) * SAMPLE_RATE)) / SAMPLE_RATE
+    return SegmentFinished(segment, start, end, times.astype(np.float64).astype(np.float32), audio_start)
+
+
+def test_a_segment_after_a_short_pause_is_heard_after_the_end_of_the_one_before():
+    """0.3 s after the previous segment ended: the model hears its last CONTEXT_SECONDS up to where this
+    one's audio starts (never the post-roll twice), then this one; the context says which stream seconds
+    those were and whose words they held. A pause of JOIN_SILENCE or more starts afresh."""
+    options = SegmenterOptions()
+    continuation = Continuation(options)
+    first, first_context, first_said = continuation.next(cut(0, 1.7, 2.0, 5.0))
+    assert first_context is None and first.audio_start == 1.7
+    following = cut(1, 5.0, 5.3, 6.0)
+    joined, context, said = continuation.next(following)
+    assert context == Context(5.0 - CONTEXT_SECONDS, 5.3, first_said) and said is not first_said
+    assert joined.audio_start == 5.0 - CONTEXT_SECONDS and (joined.start, joined.end) == (5.3, 6.0)
+    heard = first.audio[round((5.0 - CONTEXT_SECONDS - 1.7) * SAMPLE_RATE): round((5.0 - 1.7) * SAMPLE_RATE)]
+    np.testing.assert_array_equal(joined.audio, np.concatenate([heard, following.audio]))
+    later, none, _ = continuation.next(cut(2, 6.2 + JOIN_SILENCE - 0.3, 6.2 + JOIN_SILENCE, 7.0))
+    assert none is None and later.audio_start == 6.2 + JOIN_SILENCE - 0.3
+
+
+def test_the_context_fits_the_segment_limit_and_fills_what_no_segment_kept_with_silence():
+    options = SegmenterOptions()
+    continuation = Continuation(options)
+    continuation.next(cut(0, 0.7, 1.0, 1.5, post_roll=0.0))  # short, and nothing kept after its end
+    joined, context, _ = continuation.next(cut(1, 1.6, 1.9, 2.5))
+    assert context.start == 0.7 and joined.audio_start == 0.7  # all of it: less than CONTEXT_SECONDS
+    assert np.all(joined.audio[round(0.8 * SAMPLE_RATE): round(0.9 * SAMPLE_RATE)] == 0)  # 1.5-1.6 s: silence
+    long = options.max_segment_seconds - 0.5
+    joined, context, _ = continuation.next(cut(2, 2.6, 2.9, 2.6 + long, post_roll=0.0))
+    assert context.start == pytest.approx(2.1) and len(joined.audio) == options.max_segment_seconds * SAMPLE_RATE
+    full, none, _ = continuation.next(cut(3, 32.2, 32.3, 32.2 + options.max_segment_seconds, post_roll=0.0))
+    assert none is None and full.audio_start == 32.2  # no room left in the longest container
+    continuation.forget()  # the audio between was discarded (a cleared Realtime buffer)
+    assert continuation.next(cut(4, 62.1, 62.4, 63.0))[1] is None  # 0.2 s after the last one ended
+
+
+def words_at(*spans: tuple[str, float, float]) -> tuple[TokenTiming, ...]:
+    return tuple(TokenTiming(text, start, end) for text, start, end in spans)
+
+
+def test_the_context_words_are_counted_from_what_the_segment_before_said():
+    """The previous segment said "call seven" with "seven" centred inside the context (from 3.0 s): one
+    word is dropped, whatever the new decoding makes of it ("heaven" at a time CTC puts early). Without the
+    previous words (its decoding failed), the words centred before the segment's own start go."""
+    spoken = words_at(("heaven", 2.9, 3.1), ("two", 3.6, 3.8), ("one", 4.1, 4.3))
+    joined = Transcript("heaven two one", tokens=words_at((" heaven", 2.9, 3.1), (" two", 3.6, 3.8), (" one", 4.1, 4.3)),
+                        words=spoken)
+    kept = after_context(joined, 3.0, 3.5, words_at(("call", 2.0, 2.4), ("seven", 3.0, 3.4)))
+    assert kept.text == "two one" and kept.words == spoken[1:] and [t.text for t in kept.tokens] == [" two", " one"]
+    assert after_context(joined, 3.0, 3.5, ()) is joined  # the previous segment said nothing
+    assert after_context(joined, 3.0, 3.5, None).text == "two one"  # by time: "heaven" is centred at 3.0
+    assert after_context(joined, 3.0, 3.5, words_at(("a", 3, 3), ("b", 3, 3), ("c", 3, 3), ("d", 3, 3))).text == ""
+
+
+# ---- the demo model on real speech, cut between its words ----------------------------------------------------
+
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "models" / "demo"
+DEMO_CLIPS = Path(__file__).resolve().parents[1] / "fixtures" / "demo"
+
+
+def test_fragments_cut_between_words_say_what_the_whole_utterance_says():
+    """Each demo utterance cut at every pause between two of its words, as pipecat's VAD (stop_secs 0.2)
+    commits it: the second fragment's words are the whole utterance's words after those of the first.
+    Decoded alone, 7 of these 10 second fragments were wrong ("two" heard as "up two", "back home" as
+    "home"); with the end of the first fragment heard before them, none."""
+    if not (DEMO_MODEL / "manifest.json").is_file():
+        pytest.skip("the demo model is not in this checkout")
+    from pipeline.engine import Engine, EngineOptions
+
+    engine = Engine(DEMO_MODEL, EngineOptions(device="cpu", containers=(2, 4))).load()
+    options = SegmenterOptions()
+
+    def transcribe(segment: SegmentFinished, context: Context | None = None) -> Transcript:
+        heard = engine.transcribe(segment.audio, offset=segment.audio_start)
+        if context is not None:
+            heard = after_context(heard, context.start, context.end, context.previous.words)
+        return starting_at(heard, segment.start)
+
+    checked = 0
+    for entry in json.loads((DEMO_CLIPS / "transcripts.json").read_text()):
+        speech, _ = soundfile.read(DEMO_CLIPS / entry["audio"], dtype="float32")
+        audio = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.float32), speech, np.zeros(SAMPLE_RATE // 2, np.float32)])
+        whole = transcribe(speech_in(audio, options))
+        for before, after in zip(whole.words, whole.words[1:]):
+            at = round((before.end + after.start) / 2 * SAMPLE_RATE)
+            pieces = [speech_in(audio[:at], options), speech_in(audio[at:], options, offset=at / SAMPLE_RATE)]
+            if None in pieces:  # the VAD hears no speech in a piece of less than a word
+                continue
+            continuation, said = Continuation(options), []
+            for piece in pieces:
+                segment, context, box = continuation.next(for_model(piece, options))
+                heard = transcribe(segment, context)
+                box.words = heard.words
+                said.append(heard.text.split())
+            assert said[1] == whole.text.split()[len(said[0]):], (whole.text, said)
+            checked += 1
+    assert checked >= 8
