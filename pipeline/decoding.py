@@ -26,6 +26,8 @@ EMOTIONS = frozenset({"HAPPY", "SAD", "ANGRY", "NEUTRAL", "FEARFUL", "DISGUSTED"
 TEXTNORMS = frozenset({"withitn", "woitn"})
 SPECIAL_TOKENS = frozenset({"<unk>", "<s>", "</s>", "<blank>", "<pad>"})  # never part of the text
 WORD_START = "\u2581"  # sentencepiece's "▁"
+# A word of the context heard again may be timed this much after the context ends (it straddles the cut).
+CONTEXT_SLACK = 0.1
 _TAG = re.compile(r"<\|([^|<>]+)\|>")
 _BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # sentencepiece byte fallback
 
@@ -153,12 +155,12 @@ def after_context(transcript: Transcript, start: float, end: float,
                   previous: Sequence[TokenTiming] | None) -> Transcript:
     """The transcript of audio whose seconds [start, end) were heard only as context (the end of the
     previous segment, pipeline/trim.py), without the words of that context: as many leading words as
-    `previous` (that segment's own words) has centred from `start` on; without them (it failed), the words
-    centred before `end`. Tokens go with their word; the text is that of the tokens kept; tags stay."""
-    if previous is not None:
-        drop = sum(1 for w in previous if (w.start + w.end) / 2 >= start)
-    else:
-        drop = sum(1 for w in transcript.words if (w.start + w.end) / 2 < end)
+    `previous` (that segment's own words) has centred from `start` on, but never a word centred more than
+    CONTEXT_SLACK after `end` (heard again, the context may lose a word it said); without `previous` (it
+    failed), the words centred before `end`. Tokens go with their word; the text is that of the tokens
+    kept; tags stay."""
+    before_end = sum(1 for w in transcript.words if (w.start + w.end) / 2 < end + (CONTEXT_SLACK if previous else 0))
+    drop = before_end if previous is None else min(before_end, sum(1 for w in previous if (w.start + w.end) / 2 >= start))
     if not drop:
         return transcript
     kept = transcript.words[drop:]

@@ -10,6 +10,9 @@ The audio is cut into 30 ms frames (VAD_FRAME) that webrtcvad marks voiced or no
 - a segment is *confirmed* once it holds `min_speech` seconds of voiced frames: only then is
   SpeechStarted sent, so coughs and clicks that end earlier vanish without any event; one that falls
   silent for `false_start_silence` before that is dropped too (speech after it starts a segment anew).
+- its speech starts at the first voiced frame, unless the segment opened on a steady sound (webrtcvad
+  takes steady noise after digital silence for speech) that then steps up: speech starts at the step,
+  the audio `pre_roll` before it. Only known once the step comes, so SpeechStarted may be earlier.
 - it ends after `end_silence` seconds without a voiced frame; `end` is where the last voiced frame ends,
   and the audio keeps `post_roll` seconds after it.
 - it never grows beyond `max_segment_seconds` of audio: at the limit it is cut after the quietest frame
@@ -43,6 +46,12 @@ class SegmenterOptions:
     # stream, which it takes for speech): speech after it opens a segment of its own, so the gap never
     # reaches the model as leading silence (issue 25).
     false_start_silence: float = 0.3
+    # A segment that opens on a steady sound (its frames within this many dB of their median for at least
+    # `steady_lead` seconds) and then steps up by more starts at the step: webrtcvad takes steady room
+    # noise after digital silence (a muted microphone, a gap a client filled with zeros) for speech for up
+    # to a second, and that lead would reach the model (issue 25). 0 disables the rule.
+    steady_lead_db: float = 6.0
+    steady_lead: float = 0.15
     max_segment_seconds: float = 30.0  # the largest audio a segment may hold (the engine's largest container)
     cut_search: float = 3.0  # where to look, back from the limit, for the quietest frame to cut at
     partial_interval: float = 0.5  # seconds of new audio between PartialDue events; 0 disables partials
@@ -59,7 +68,8 @@ def validate_options(options: SegmenterOptions) -> None:
         (isinstance(o.start_frames, int) and 1 <= o.start_frames <= o.start_window,
          f"start_frames must be an integer from 1 to start_window ({o.start_window}), got {o.start_frames!r}"),
     ]
-    for name in ("pre_roll", "end_silence", "post_roll", "min_speech", "false_start_silence", "max_segment_seconds",
+    for name in ("pre_roll", "end_silence", "post_roll", "min_speech", "false_start_silence", "steady_lead_db",
+                 "steady_lead", "max_segment_seconds",
                  "cut_search", "partial_interval", "partial_window"):
         value = getattr(o, name)
         checks.append((isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
@@ -142,6 +152,7 @@ class Segmenter:
         self._post_frames = int(options.post_roll / FRAME_SECONDS + 1e-9)  # at most post_roll
         self._min_voiced = frame_count(options.min_speech)
         self._false_start_frames = frame_count(options.false_start_silence)
+        self._steady_frames = max(2, frame_count(options.steady_lead))
         self._max_frames = int(options.max_segment_seconds / FRAME_SECONDS + 1e-9)
         self._cut_frames = frame_count(options.cut_search)
         self._partial_frames = frame_count(options.partial_interval) if options.partial_interval > 0 else 0
@@ -273,8 +284,31 @@ class Segmenter:
         return round((self._first_frame + local_frame) * FRAME_SECONDS, 6)  # 0.03 * k is never exact
 
     def _speech_start(self) -> float:
+        return self._time(self._onset())
+
+    def _onset(self) -> int:
+        """The open segment's frame where speech starts: its first voiced frame, or the step up that ends
+        a steady lead (see `steady_lead_db`)."""
         voiced = np.flatnonzero(self._voiced[: self._n])
-        return self._time(int(voiced[0]) if len(voiced) else 0)
+        first = int(voiced[0]) if len(voiced) else 0
+        if not self.options.steady_lead_db:
+            return first
+        # The lead's level from the frames after the first (which may straddle the start of the noise).
+        level = 20 * np.log10(np.maximum(self._energy[first: self._n], 1e-5))  # dBFS, digital zeros at -100
+        lead = level[1: 1 + self._steady_frames]
+        if len(lead) < self._steady_frames:
+            return first
+        reference = float(np.median(lead))
+        apart = np.flatnonzero(np.abs(level[1:] - reference) > self.options.steady_lead_db)
+        if not len(apart) or apart[0] < self._steady_frames or level[1 + apart[0]] < reference:
+            return first  # never steady, steady too briefly, or it fell quieter: not a noise lead
+        return first + 1 + int(apart[0])
+
+    def _audio_begin(self, onset: int) -> int:
+        """The first frame of audio to send: `pre_roll` before a moved onset, else where the audio starts."""
+        voiced = np.flatnonzero(self._voiced[: self._n])
+        moved = len(voiced) and onset > int(voiced[0])
+        return max(0, onset - self._pre_roll) if moved else 0
 
     # -- ending and cutting ------------------------------------------------------------------------------
 
@@ -284,12 +318,14 @@ class Segmenter:
         last = int(voiced[-1]) + 1 if len(voiced) else self._n  # frames up to the end of speech
         keep = min(self._n, last + self._post_frames)
         if self._confirmed:
-            audio = self._audio[: keep * VAD_FRAME]
+            onset = self._onset()
+            begin = self._audio_begin(onset)
+            audio = self._audio[begin * VAD_FRAME: keep * VAD_FRAME]
             end = self._time(last)
             if tail is not None and len(tail):  # stream ended mid-speech: keep the last few samples too
                 audio = np.concatenate([audio, tail])
                 end += samples_to_seconds(len(tail))
-            events.append(SegmentFinished(self._segment, self._speech_start(), end, audio.copy(), self._time(0)))
+            events.append(SegmentFinished(self._segment, self._time(onset), end, audio.copy(), self._time(begin)))
             self._segment += 1
         self._to_idle()
 
@@ -314,8 +350,10 @@ class Segmenter:
         head = quiet + 1
         voiced = np.flatnonzero(self._voiced[:head])
         end = self._time(int(voiced[-1]) + 1) if len(voiced) else self._time(head)
-        events.append(SegmentFinished(self._segment, self._speech_start(), end,
-                                      self._audio[: head * VAD_FRAME].copy(), self._time(0)))
+        onset = min(self._onset(), head - 1)
+        begin = self._audio_begin(onset)
+        events.append(SegmentFinished(self._segment, self._time(onset), end,
+                                      self._audio[begin * VAD_FRAME: head * VAD_FRAME].copy(), self._time(begin)))
         self._segment += 1
         # The rest becomes the next segment, with no overlap: it was heard once and is decoded once.
         rest = self._n - head
@@ -334,7 +372,8 @@ class Segmenter:
     def _partial(self) -> PartialDue:
         self._last_partial = self._n
         self._voiced_since_partial = False
-        first = max(0, self._n - self._window_frames)
+        onset = self._onset()
+        first = max(self._audio_begin(onset), self._n - self._window_frames)
         audio = self._audio[first * VAD_FRAME: self._n * VAD_FRAME].copy()
-        start = max(self._speech_start(), self._time(first))
+        start = max(self._time(onset), self._time(first))
         return PartialDue(self._segment, start, self._time(self._n), audio, self._time(first))

@@ -18,7 +18,10 @@ segmenter cuts from a live stream).
   the model gets wrong ("two" heard as "oh"); so the model hears up to CONTEXT_SECONDS of the previous
   segment before it (`Continuation`). Its transcript then drops as many leading words as the previous
   segment's transcript had in that context (pipeline.decoding.after_context): counted, not timed, because
-  CTC spikes come early by a model's own offset and the word at a cut straddles it.
+  CTC spikes come early by a model's own offset and the word at a cut straddles it; but never a word timed
+  well past the context, for heard again the context may lose a short word it had.
+  Where the door has the audio as it came (Realtime commits: `heard`), the context is that sound; else it
+  is the previous segment's copy, the pause neither kept filled with silence.
 """
 from __future__ import annotations
 
@@ -96,9 +99,24 @@ class Continuation:
         self.options = options
         self.previous: SegmentFinished | None = None
         self.said = Said()
+        self._received = np.zeros(0, np.float32)  # the stream's latest audio as it came (see `heard`) ...
+        self._received_start = 0.0  # ... and the stream time of its first sample
 
     def forget(self) -> None:
         self.previous = None
+        self._received = np.zeros(0, np.float32)
+
+    def heard(self, audio: np.ndarray, audio_start: float) -> None:
+        """The stream's audio from `audio_start` on, as received (a whole Realtime commit), so that the
+        context of the next segment is the sound that preceded it, not the previous segment's trimmed
+        copy: a client's commit falls anywhere, inside a word too, and a gap of zeros there changes it."""
+        end = self._received_start + len(self._received) / SAMPLE_RATE
+        if len(self._received) and abs(audio_start - end) < 0.5 / SAMPLE_RATE:
+            audio = np.concatenate([self._received, audio])
+            audio_start = self._received_start
+        keep = int((CONTEXT_SECONDS + self.options.max_segment_seconds) * SAMPLE_RATE)
+        self._received_start = audio_start + max(0, len(audio) - keep) / SAMPLE_RATE
+        self._received = np.asarray(audio[-keep:], np.float32)
 
     def next(self, segment: SegmentFinished) -> tuple[SegmentFinished, Context | None, Said]:
         """`segment` (already trimmed by for_model) as the model hears it, its context (None: it has
@@ -110,13 +128,25 @@ class Continuation:
         if previous is None or segment.start - previous.end >= JOIN_SILENCE or seconds < FRAME_SECONDS:
             return segment, None, self.said
         begin = max(previous.audio_start, segment.audio_start - seconds)
-        first = int(round((begin - previous.audio_start) * SAMPLE_RATE))
-        last = int(round((segment.audio_start - previous.audio_start) * SAMPLE_RATE))
-        heard = previous.audio[first:min(last, len(previous.audio))]
+        received = self._received_between(begin, segment.audio_start)
+        if received is not None:
+            heard, gap = received, np.zeros(0, np.float32)
+        else:
+            first = int(round((begin - previous.audio_start) * SAMPLE_RATE))
+            last = int(round((segment.audio_start - previous.audio_start) * SAMPLE_RATE))
+            heard = previous.audio[first:min(last, len(previous.audio))]
+            # The pause between them that neither segment kept (at most JOIN_SILENCE less both rolls) is silence.
+            gap = np.zeros(max(0, last - first - len(heard)), np.float32)
         if not len(heard):
             return segment, None, self.said
-        # The pause between them that neither segment kept (at most JOIN_SILENCE less both rolls) is silence.
-        gap = np.zeros(max(0, last - first - len(heard)), np.float32)
         audio = np.concatenate([heard, gap, segment.audio]).astype(np.float32, copy=False)
         joined = dataclasses.replace(segment, audio=audio, audio_start=round(begin, 6))
         return joined, Context(round(begin, 6), segment.start, said), self.said
+
+    def _received_between(self, begin: float, end: float) -> np.ndarray | None:
+        """The audio received from `begin` to `end` (stream seconds), or None where it was not all kept."""
+        first = int(round((begin - self._received_start) * SAMPLE_RATE))
+        last = int(round((end - self._received_start) * SAMPLE_RATE))
+        if not len(self._received) or first < 0 or last > len(self._received) or last <= first:
+            return None
+        return self._received[first:last]

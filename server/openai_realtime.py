@@ -220,6 +220,8 @@ class RealtimeConnection(StreamConnection):
             return
         audio = np.concatenate(self._manual + [self._resampler.flush()])
         self._manual = [audio]  # for _restart's time accounting
+        if self._continuation is not None:  # the next commit's context is this sound as it came
+            self._continuation.heard(audio, self._time_base)
         speech = speech_in(audio, self.app.segmenter_options)  # the silence around it is not for the model
         if speech is None:  # no speech at all: no segment (a commit answers with an empty transcript)
             return

@@ -331,8 +331,11 @@ def test_ctrl_c_during_download_then_resume(hub: HubMirror, home: Path, monkeypa
               "files = tuple(catalog.HubFile(**f) for f in json.loads(sys.argv[1]))\n"
               "catalog.MODELS[sys.argv[2]] = dataclasses.replace(catalog.MODELS[sys.argv[2]], files=files)\n"
               "from export.__main__ import main\nsys.exit(main(['pull', sys.argv[2], '--download-only']))\n")
+    # A suite started in the background by a shell inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: give the child the default disposition, as a terminal's Ctrl-C finds it.
     process = subprocess.Popen([sys.executable, "-c", script, json.dumps(files), NAME], cwd=ROOT, env=os.environ.copy(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert hub.stalled.wait(60), "the download never started"
         time.sleep(0.5)

@@ -24,6 +24,7 @@ from pipeline.audio import SAMPLE_RATE
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 LEAD, TRAIL = 2.0, 1.0  # seconds of silence added around each fixture
 LIVEKIT_VAD = {"type": "server_vad", "prefix_padding_ms": 600, "silence_duration_ms": 500, "threshold": 0.5}
+INTO_THE_WORD = 0.06  # seconds past a word's start (its CTC spike) where a commit falls
 
 
 def quiet(seconds: float, seed: int) -> np.ndarray:
@@ -168,11 +169,9 @@ async def test_commits_at_pauses_inside_an_utterance_keep_its_words(serve_test_s
     async with serve_test_server(token=TOKEN) as url:
         checked = 0
         for audio, text in clips:
-            upload = await sdk(url).audio.transcriptions.create(
-                model="whisper-1", file=("a.wav", wav(audio)), response_format="verbose_json",
-                timestamp_granularities=["word"])
+            upload = await upload_words(url, audio)
             spoken = words(text)
-            for before, after in zip(upload.words, upload.words[1:]):
+            for before, after in zip(upload, upload[1:]):
                 at = round((before.end + after.start) / 2 * SAMPLE_RATE)
                 first, second = await realtime_commits(url, [audio[:at], audio[at:]])
                 if not first:  # less than a word: the VAD heard no speech in it (an empty item, as OpenAI's)
@@ -180,6 +179,32 @@ async def test_commits_at_pauses_inside_an_utterance_keep_its_words(serve_test_s
                 assert words(second) == spoken[len(words(first)):], (text, first, second)
                 checked += 1
     assert checked >= 4
+
+
+async def test_commits_inside_a_word_lose_and_repeat_no_word(serve_test_server):
+    """A client's VAD may commit a few frames into the next word (its onset heard as silence): the two
+    transcripts together are the spoken words, each once. Decoded alone, 8 of these 9 second commits were
+    wrong. (That the context is the sound as received, not the first commit's trimmed copy with a hole at
+    the cut, is tests/pipeline/test_trim.py's.)"""
+    clips = padded_clips(3)
+    async with serve_test_server(token=TOKEN) as url:
+        checked = 0
+        for audio, text in clips:
+            upload = await upload_words(url, audio)
+            for word in upload[1:]:
+                at = round((word.start + INTO_THE_WORD) * SAMPLE_RATE)
+                first, second = await realtime_commits(url, [audio[:at], audio[at:]])
+                assert words(first) + words(second) == words(text), (text, word.word, first, second)
+                checked += 1
+    assert checked >= 6
+
+
+async def upload_words(url: Any, audio: np.ndarray) -> list[Any]:
+    """The words of `audio` uploaded with word timestamps (verbose_json), as the SDK returns them."""
+    upload = await sdk(url).audio.transcriptions.create(
+        model="whisper-1", file=("a.wav", wav(audio)), response_format="verbose_json",
+        timestamp_granularities=["word"])
+    return list(upload.words)
 
 
 async def realtime_commits(url: Any, pieces: list[np.ndarray]) -> list[str]:
