@@ -13,8 +13,8 @@ segmenter cuts from a live stream).
   what counts as speech has one definition; a buffer without any is no segment at all (`speech_in`), and
   its transcript is empty, as OpenAI's is.
 - A segment that begins less than JOIN_SILENCE after the previous one ended continues that utterance: a
-  client's VAD committed at a short pause (pipecat's default stop_secs is 0.2 s, LiveKit's server VAD
-  silence 350 ms) or our segmenter cut at its length limit. Alone, such a fragment is often one short word
+  client's VAD committed at a short pause (pipecat's default stop_secs is 0.2 s) or our segmenter cut at
+  its length limit. Alone, such a fragment is often one short word
   the model gets wrong ("two" heard as "oh"); so the model hears up to CONTEXT_SECONDS of the previous
   segment before it (`Continuation`). Its transcript then drops as many leading words as the previous
   segment's transcript had in that context (pipeline.decoding.after_context): counted, not timed, because
@@ -36,7 +36,10 @@ from .decoding import TokenTiming
 from .segmenter import FRAME_SECONDS, PartialDue, SegmentFinished, Segmenter, SegmenterOptions
 
 Cut = TypeVar("Cut", SegmentFinished, PartialDue)
-JOIN_SILENCE = 0.5  # a shorter pause lies inside one utterance (OpenAI's default silence_duration_ms, our end_silence)
+# A shorter pause lies inside one utterance. Pauses between the words of one are mostly under 0.25 s (where
+# pipecat committed inside our digit strings: 0-0.24 s); with 0.5 s, two recordings committed back to back
+# were heard as one utterance, and the join cost 1.9 points of WER (docs/benchmarks.md, issue 25).
+JOIN_SILENCE = 0.3
 CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues it
 
 
@@ -125,7 +128,7 @@ class Continuation:
         self.previous, self.said = segment, Said()
         room = self.options.max_segment_seconds - len(segment.audio) / SAMPLE_RATE
         seconds = min(CONTEXT_SECONDS, room)
-        if previous is None or segment.start - previous.end >= JOIN_SILENCE or seconds < FRAME_SECONDS:
+        if previous is None or round(segment.start - previous.end, 6) >= JOIN_SILENCE or seconds < FRAME_SECONDS:
             return segment, None, self.said
         begin = max(previous.audio_start, segment.audio_start - seconds)
         received = self._received_between(begin, segment.audio_start)

@@ -99,32 +99,32 @@ def cut(segment: int, audio_start: float, start: float, end: float, post_roll: f
 
 
 def test_a_segment_after_a_short_pause_is_heard_after_the_end_of_the_one_before():
-    """0.3 s after the previous segment ended: the model hears its last CONTEXT_SECONDS up to where this
+    """0.2 s after the previous segment ended: the model hears its last CONTEXT_SECONDS up to where this
     one's audio starts (never the post-roll twice), then this one; the context says which stream seconds
     those were and whose words they held. A pause of JOIN_SILENCE or more starts afresh."""
     options = SegmenterOptions()
     continuation = Continuation(options)
     first, first_context, first_said = continuation.next(cut(0, 1.7, 2.0, 5.0))
     assert first_context is None and first.audio_start == 1.7
-    following = cut(1, 5.0, 5.3, 6.0)
+    following = cut(1, 5.0, 5.2, 6.0)
     joined, context, said = continuation.next(following)
-    assert context == Context(5.0 - CONTEXT_SECONDS, 5.3, first_said) and said is not first_said
-    assert joined.audio_start == 5.0 - CONTEXT_SECONDS and (joined.start, joined.end) == (5.3, 6.0)
+    assert context == Context(5.0 - CONTEXT_SECONDS, 5.2, first_said) and said is not first_said
+    assert joined.audio_start == 5.0 - CONTEXT_SECONDS and (joined.start, joined.end) == (5.2, 6.0)
     heard = first.audio[round((5.0 - CONTEXT_SECONDS - 1.7) * SAMPLE_RATE): round((5.0 - 1.7) * SAMPLE_RATE)]
     np.testing.assert_array_equal(joined.audio, np.concatenate([heard, following.audio]))
-    later, none, _ = continuation.next(cut(2, 6.2 + JOIN_SILENCE - 0.3, 6.2 + JOIN_SILENCE, 7.0))
-    assert none is None and later.audio_start == 6.2 + JOIN_SILENCE - 0.3
+    later, none, _ = continuation.next(cut(2, 6.0 + JOIN_SILENCE - 0.3, 6.0 + JOIN_SILENCE, 7.0))
+    assert none is None and later.audio_start == 6.0 + JOIN_SILENCE - 0.3
 
 
 def test_the_context_fits_the_segment_limit_and_fills_what_no_segment_kept_with_silence():
     options = SegmenterOptions()
     continuation = Continuation(options)
     continuation.next(cut(0, 0.7, 1.0, 1.5, post_roll=0.0))  # short, and nothing kept after its end
-    joined, context, _ = continuation.next(cut(1, 1.6, 1.9, 2.5))
+    joined, context, _ = continuation.next(cut(1, 1.6, 1.75, 2.5))
     assert context.start == 0.7 and joined.audio_start == 0.7  # all of it: less than CONTEXT_SECONDS
     assert np.all(joined.audio[round(0.8 * SAMPLE_RATE): round(0.9 * SAMPLE_RATE)] == 0)  # 1.5-1.6 s: silence
     long = options.max_segment_seconds - 0.5
-    joined, context, _ = continuation.next(cut(2, 2.6, 2.9, 2.6 + long, post_roll=0.0))
+    joined, context, _ = continuation.next(cut(2, 2.6, 2.75, 2.6 + long, post_roll=0.0))
     assert context.start == pytest.approx(2.1) and len(joined.audio) == options.max_segment_seconds * SAMPLE_RATE
     full, none, _ = continuation.next(cut(3, 32.2, 32.3, 32.2 + options.max_segment_seconds, post_roll=0.0))
     assert none is None and full.audio_start == 32.2  # no room left in the longest container
