@@ -21,9 +21,10 @@ DEFAULT_GPU_CONTAINERS: tuple[float, ...] = (30.0,)
 # costs in a 4 s one, and the finer ladder doubled the streams one CPU carries.
 DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 # A Paraformer on the CPU runs one session per graph for all its shapes (pipeline/sessions.py runner_on),
-# so a rung costs only its warm-up: a finer ladder (steps of at most 1.33x) keeps the padding small.
-DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0,
-                                                        25.0, 30.0)
+# so a rung costs only its warm-up: a rung every second keeps the padding under 1 s (a 29 s clip in a 30 s
+# container was 3-4 % slower than FunASR's export at its exact length; docs/benchmarks.md, issue 26). The
+# price is load time: 33 s instead of 13 s for the full-size int8 model.
+DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = tuple(float(s) for s in range(1, 31))
 # Token containers of a Paraformer's decoder (pipeline/paraformer_stages.py): the CIF count picks the
 # smallest that holds it; each audio container adds its own frames + 1, which holds any count. GPUs hold
 # a session (and its weights) per token container, so their ladder is coarse; the CPU's rungs cost only
