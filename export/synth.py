@@ -11,6 +11,7 @@ equals no variant; `caleb`, `klatt` and `klatt6` are identical: only `klatt` is 
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import shutil
 import subprocess
@@ -90,6 +91,11 @@ class Recipe:
     reverb_probability: float = 0.2
     rt60: tuple[float, float] = (0.15, 0.7)  # seconds for the tail to fall 60 dB
     direct_to_reverb_db: tuple[float, float] = (0.0, 12.0)
+    # Long silences, on training speech only: a lead, a trail or both drawn from `long_silence` instead
+    # of the short ones, so the model learns to say nothing in them (issue 25; off in the shipped recipe,
+    # docs/benchmarks.md). A stream of their own, so texts, voices and the held-out set stay the same.
+    long_silence_probability: float = 0.0
+    long_silence: tuple[float, float] = (0.3, 2.0)  # seconds
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ def sample_utterances(
     """`count` utterance recipes. heldout=True uses only HELDOUT_VARIANTS and skips texts in `exclude`."""
     rng = np.random.default_rng([seed, 1 if heldout else 0])
     room_rng = np.random.default_rng([seed, 2])
+    silence_rng = np.random.default_rng([seed, 3])
     variants = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
     out: list[Utterance] = []
     while len(out) < count:
@@ -190,7 +197,18 @@ def sample_utterances(
             noise_seed=int(rng.integers(2**31)),
             **({} if heldout else room(room_rng, recipe)),
         ))
+        if not heldout and recipe.long_silence_probability:
+            out[-1] = long_silences(out[-1], silence_rng, recipe)
     return out
+
+
+def long_silences(u: Utterance, rng: np.random.Generator, recipe: Recipe) -> Utterance:
+    """`u` with, at `recipe.long_silence_probability`, a long lead, a long trail or both."""
+    chance, which, lead, trail = rng.random(), int(rng.integers(3)), rng.uniform(*recipe.long_silence), \
+        rng.uniform(*recipe.long_silence)  # always four draws: one utterance's choice never shifts the next's
+    if chance >= recipe.long_silence_probability:
+        return u
+    return dataclasses.replace(u, lead=float(lead) if which != 1 else u.lead, trail=float(trail) if which != 0 else u.trail)
 
 
 def room(rng: np.random.Generator, recipe: Recipe) -> dict[str, float]:

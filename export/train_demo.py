@@ -65,6 +65,10 @@ class TrainOptions:
     freq_masks: int = 2  # masks of up to 8 mel bins
     log_every: int = 125  # steps between loss lines (and 4x that between held-out WER checks)
     precision: str = "auto"  # "bf16": autocast matmuls to bfloat16 (fp32 master weights); "auto": where the CPU has it
+    long_silence: float = 0.0  # synth.Recipe.long_silence_probability: utterances with a 0.3-2 s lead or trail
+
+    def recipe(self) -> synth.Recipe:
+        return synth.Recipe(long_silence_probability=self.long_silence)
 
 
 def targets_for(text: str, token_ids: dict[str, int]) -> list[int]:
@@ -237,6 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default=d.precision,
                         help="training arithmetic: bf16 autocast, fp32, or auto = bf16 where the CPU has it natively")
     parser.add_argument("--eval-utterances", type=int, default=500, help="held-out utterances for the model card (default 500)")
+    parser.add_argument("--long-silence", type=float, default=d.long_silence, metavar="P",
+                        help="share of training utterances given a 0.3-2 s lead, trail or both (default 0: the "
+                             "shipped recipe; the server trims silence at every door anyway)")
     parser.add_argument("--checkpoint", type=Path, help="also save the torch checkpoint (model.pt, am.mvn, training.json) here")
     parser.add_argument("--from-checkpoint", type=Path, help="skip data and training: export and evaluate this checkpoint")
 
@@ -248,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
     if args.minutes * 60 < SHIP_RESERVE_SECONDS + 60 and args.from_checkpoint is None:
         raise ValueError(f"--minutes {args.minutes:g} is too short: export and evaluation alone take "
                          f"{SHIP_RESERVE_SECONDS / 60:g} minutes")
+    if not 0.0 <= args.long_silence <= 1.0:
+        raise ValueError(f"--long-silence must be from 0 to 1, got {args.long_silence:g}")
     synth.require_espeak()
     import torch  # ModuleNotFoundError -> "torch is not installed" from export.__main__
 
@@ -256,7 +265,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     torch.set_num_threads(args.threads)
     options = TrainOptions(seed=args.seed, utterances=args.utterances, steps=args.steps, minutes=args.minutes,
-                           workers=args.workers, threads=args.threads, precision=args.precision)
+                           workers=args.workers, threads=args.threads, precision=args.precision,
+                           long_silence=args.long_silence)
     tokens = demo_tokens()
     torch.manual_seed(options.seed)
     model = build_model(len(tokens))
@@ -267,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         options = TrainOptions(**summary["options"])
     else:
         summary = {"options": asdict(options)}
-        utterances = synth.sample_utterances(options.utterances, options.seed)
+        utterances = synth.sample_utterances(options.utterances, options.seed, recipe=options.recipe())
         seen = frozenset(u.text for u in utterances if u.text)
         monitor = synth.sample_utterances(300, options.seed + 1, heldout=True, exclude=seen)
         features = render_features(utterances + monitor, options.workers, "synthesise")
@@ -306,7 +316,8 @@ def build_model(vocab_size: int):
 def reproduce_command(options: TrainOptions, args) -> str:
     """The command that makes this model again (where it is written does not matter)."""
     d = TrainOptions()
-    flags = [f"--{name.replace('_', '-')} {getattr(options, name):g}" for name in ("seed", "utterances", "steps", "minutes")
+    flags = [f"--{name.replace('_', '-')} {getattr(options, name):g}"
+             for name in ("seed", "utterances", "steps", "minutes", "long_silence")
              if getattr(options, name) != getattr(d, name)]
     if options.precision != d.precision:
         flags.append(f"--precision {options.precision}")
@@ -330,7 +341,7 @@ def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: di
         "command": reproduce_command(options, args),
         "seed": options.seed,
         "utterances": options.utterances,
-        "recipe": asdict(synth.Recipe()),
+        "recipe": asdict(options.recipe()),
         "voices": {"bases": list(synth.VOICE_BASES), "train_variants": len(synth.TRAIN_VARIANTS),
                    "heldout_variants": list(synth.HELDOUT_VARIANTS)},
         "training": {k: v for k, v in summary.items() if k != "history"},

@@ -43,6 +43,11 @@ def test_a_budget_too_short_for_export_and_evaluation_is_refused(tmp_path: Path)
     assert not (tmp_path / "demo").exists()
 
 
+def test_a_long_silence_share_outside_0_to_1_is_refused(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo"), "--long-silence", "1.5"),
+                          "--long-silence must be from 0 to 1")
+
+
 def test_missing_espeak_is_reported(tmp_path: Path) -> None:
     env = dict(os.environ, PATH=str(tmp_path))  # an empty PATH: no espeak-ng anywhere
     assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo"), env=env), "espeak-ng is not installed")
@@ -107,6 +112,21 @@ def test_rooms_touch_only_training_audio_and_leave_texts_and_voices_alone() -> N
     assert abs(rooms / len(speech) - recipe.reverb_probability) < 0.05
     assert not any(u.echo_delay or u.rt60 for u in plain)
     assert not any(u.echo_delay or u.rt60 for u in synth.sample_utterances(300, 0, heldout=True))
+
+
+def test_long_silences_touch_only_training_speech_and_leave_texts_and_voices_alone() -> None:
+    recipe = synth.Recipe(long_silence_probability=0.35)
+    plain, long = synth.sample_utterances(1000, 0), synth.sample_utterances(1000, 0, recipe=recipe)
+    assert [(u.text, u.voice, u.speed, u.echo_delay) for u in plain] == [(u.text, u.voice, u.speed, u.echo_delay) for u in long]
+    speech = [(p, u) for p, u in zip(plain, long) if u.text]
+    changed = [(p, u) for p, u in speech if (p.lead, p.trail) != (u.lead, u.trail)]
+    assert abs(len(changed) / len(speech) - 0.35) < 0.05
+    lo, hi = recipe.long_silence
+    for p, u in changed:
+        assert (u.lead == p.lead or lo <= u.lead <= hi) and (u.trail == p.trail or lo <= u.trail <= hi)
+    assert any(u.lead != p.lead for p, u in changed) and any(u.trail != p.trail for p, u in changed)
+    assert synth.sample_utterances(300, 0, heldout=True) == synth.sample_utterances(300, 0, heldout=True, recipe=recipe)
+    assert plain == synth.sample_utterances(1000, 0, recipe=synth.Recipe(long_silence_probability=0.0))
 
 
 def test_feedback_echo_repeats_with_decaying_gain() -> None:
