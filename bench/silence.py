@@ -45,13 +45,13 @@ def pcm16(audio: np.ndarray) -> bytes:
     return np.clip(np.round(audio * 32768), -32768, 32767).astype("<i2").tobytes()
 
 
-def wav_bytes(audio: np.ndarray) -> bytes:
+def wav_bytes(audio: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
     import io
 
     import soundfile
 
     out = io.BytesIO()
-    soundfile.write(out, np.frombuffer(pcm16(audio), "<i2"), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    soundfile.write(out, np.frombuffer(pcm16(audio), "<i2"), rate, subtype="PCM_16", format="WAV")
     return out.getvalue()
 
 
@@ -77,12 +77,12 @@ def recordings(model_dir: Path, count: int, seed: int | None, silences: tuple[fl
 
 # ---- doors ---------------------------------------------------------------------------------------------
 
-async def upload_text(port: int, audio: np.ndarray) -> str:
-    """POST /v1/audio/transcriptions (multipart, response_format json); the text."""
+async def upload_text(port: int, audio: np.ndarray, rate: int = SAMPLE_RATE) -> str:
+    """POST /v1/audio/transcriptions (multipart, response_format json) of `audio` at `rate`; the text."""
     boundary = uuid.uuid4().hex
     body = (f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
-            'Content-Type: audio/wav\r\n\r\n').encode() + wav_bytes(audio) + f"\r\n--{boundary}--\r\n".encode()
+            'Content-Type: audio/wav\r\n\r\n').encode() + wav_bytes(audio, rate) + f"\r\n--{boundary}--\r\n".encode()
     head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
             f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
