@@ -204,11 +204,12 @@ def sample_utterances(
 
 def long_silences(u: Utterance, rng: np.random.Generator, recipe: Recipe) -> Utterance:
     """`u` with, at `recipe.long_silence_probability`, a long lead, a long trail or both."""
-    chance, which, lead, trail = rng.random(), int(rng.integers(3)), rng.uniform(*recipe.long_silence), \
-        rng.uniform(*recipe.long_silence)  # always four draws: one utterance's choice never shifts the next's
+    # Always four draws: one utterance's choice never shifts the next one's.
+    chance, which = rng.random(), int(rng.integers(3))  # which: 0 lead, 1 trail, 2 both
+    lead, trail = (float(rng.uniform(*recipe.long_silence)) for _ in range(2))
     if chance >= recipe.long_silence_probability:
         return u
-    return dataclasses.replace(u, lead=float(lead) if which != 1 else u.lead, trail=float(trail) if which != 0 else u.trail)
+    return dataclasses.replace(u, lead=lead if which != 1 else u.lead, trail=trail if which != 0 else u.trail)
 
 
 def room(rng: np.random.Generator, recipe: Recipe) -> dict[str, float]:

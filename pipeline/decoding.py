@@ -159,8 +159,10 @@ def after_context(transcript: Transcript, start: float, end: float,
     CONTEXT_SLACK after `end` (heard again, the context may lose a word it said); without `previous` (it
     failed), the words centred before `end`. Tokens go with their word; the text is that of the tokens
     kept; tags stay."""
-    before_end = sum(1 for w in transcript.words if (w.start + w.end) / 2 < end + (CONTEXT_SLACK if previous else 0))
-    drop = before_end if previous is None else min(before_end, sum(1 for w in previous if (w.start + w.end) / 2 >= start))
+    limit = end if previous is None else end + CONTEXT_SLACK
+    drop = sum(1 for w in transcript.words if (w.start + w.end) / 2 < limit)
+    if previous is not None:
+        drop = min(drop, sum(1 for w in previous if (w.start + w.end) / 2 >= start))
     if not drop:
         return transcript
     kept = transcript.words[drop:]

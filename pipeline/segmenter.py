@@ -284,13 +284,16 @@ class Segmenter:
         return round((self._first_frame + local_frame) * FRAME_SECONDS, 6)  # 0.03 * k is never exact
 
     def _speech_start(self) -> float:
-        return self._time(self._onset())
+        return self._time(self._onset()[1])
 
-    def _onset(self) -> int:
-        """The open segment's frame where speech starts: its first voiced frame, or the step up that ends
-        a steady lead (see `steady_lead_db`)."""
+    def _onset(self) -> tuple[int, int]:
+        """The open segment's first voiced frame and the frame where speech starts: that one, or the step
+        up that ends a steady lead (see `steady_lead_db`)."""
         voiced = np.flatnonzero(self._voiced[: self._n])
         first = int(voiced[0]) if len(voiced) else 0
+        return first, self._after_steady_lead(first)
+
+    def _after_steady_lead(self, first: int) -> int:
         if not self.options.steady_lead_db:
             return first
         # The lead's level from the frames after the first (which may straddle the start of the noise).
@@ -304,11 +307,9 @@ class Segmenter:
             return first  # never steady, steady too briefly, or it fell quieter: not a noise lead
         return first + 1 + int(apart[0])
 
-    def _audio_begin(self, onset: int) -> int:
+    def _audio_begin(self, first: int, onset: int) -> int:
         """The first frame of audio to send: `pre_roll` before a moved onset, else where the audio starts."""
-        voiced = np.flatnonzero(self._voiced[: self._n])
-        moved = len(voiced) and onset > int(voiced[0])
-        return max(0, onset - self._pre_roll) if moved else 0
+        return max(0, onset - self._pre_roll) if onset > first else 0
 
     # -- ending and cutting ------------------------------------------------------------------------------
 
@@ -318,8 +319,8 @@ class Segmenter:
         last = int(voiced[-1]) + 1 if len(voiced) else self._n  # frames up to the end of speech
         keep = min(self._n, last + self._post_frames)
         if self._confirmed:
-            onset = self._onset()
-            begin = self._audio_begin(onset)
+            first, onset = self._onset()
+            begin = self._audio_begin(first, onset)
             audio = self._audio[begin * VAD_FRAME: keep * VAD_FRAME]
             end = self._time(last)
             if tail is not None and len(tail):  # stream ended mid-speech: keep the last few samples too
@@ -350,8 +351,9 @@ class Segmenter:
         head = quiet + 1
         voiced = np.flatnonzero(self._voiced[:head])
         end = self._time(int(voiced[-1]) + 1) if len(voiced) else self._time(head)
-        onset = min(self._onset(), head - 1)
-        begin = self._audio_begin(onset)
+        first, onset = self._onset()
+        onset = min(onset, head - 1)
+        begin = self._audio_begin(first, onset)
         events.append(SegmentFinished(self._segment, self._time(onset), end,
                                       self._audio[begin * VAD_FRAME: head * VAD_FRAME].copy(), self._time(begin)))
         self._segment += 1
@@ -372,8 +374,8 @@ class Segmenter:
     def _partial(self) -> PartialDue:
         self._last_partial = self._n
         self._voiced_since_partial = False
-        onset = self._onset()
-        first = max(self._audio_begin(onset), self._n - self._window_frames)
+        voiced, onset = self._onset()
+        first = max(self._audio_begin(voiced, onset), self._n - self._window_frames)
         audio = self._audio[first * VAD_FRAME: self._n * VAD_FRAME].copy()
         start = max(self._time(onset), self._time(first))
         return PartialDue(self._segment, start, self._time(self._n), audio, self._time(first))

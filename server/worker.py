@@ -31,8 +31,8 @@ import numpy as np
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import Clip
 from pipeline.decoding import after_context, starting_at
-from pipeline.trim import Context, Said
 from pipeline.errors import InferenceError, OverloadError, UnipadError
+from pipeline.trim import Context, Said
 
 from .metrics import Metrics
 
