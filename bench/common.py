@@ -5,7 +5,9 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -105,6 +107,22 @@ def cpu_model() -> str:
     return name
 
 
+def nvidia_smi(query: str) -> list[str] | None:
+    """One `nvidia-smi --query-gpu` field per GPU, or None without an NVIDIA driver. ONNX Runtime's Python
+    API does not report device memory, so the driver's figure is the one there is."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=30)
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else None
+
+
+def device_memory_used(device_id: int = 0) -> int | None:
+    """Bytes in use on GPU `device_id` (every process's), or None where it cannot be read."""
+    used = nvidia_smi("memory.used")
+    return int(float(used[device_id]) * 2**20) if used and len(used) > device_id else None
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on, and how busy it was when they started."""
     import onnxruntime as ort
@@ -122,6 +140,7 @@ def machine() -> dict[str, Any]:
         "os": platform.platform(terse=True), "python": platform.python_version(), "onnxruntime": ort.__version__,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "loadavg_1m": None if load[0] is None else round(load[0], 2),
+        "gpus": nvidia_smi("name,memory.total,driver_version") or [],
     }
 
 

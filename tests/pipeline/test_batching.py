@@ -1,10 +1,9 @@
 """Cross-clip batching at fixed shapes and in-graph decoding, on real ONNX Runtime sessions: the tiny exported
 SenseVoice (tiny_model_dir, with decoding outputs) and the signature graph of tests/fixtures/tiny_graph.py
-(an "old" directory without them)."""
+(an "old" directory without them). The CUDA-graph replay is in test_cuda.py."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,26 +134,6 @@ def test_int8_runs_one_clip_per_call(tiny_model_dir):
 
 def test_session_memory_is_reported(batched):
     assert set(batched.stats.session_rss) == {"1x2s", "4x2s", "1x4s", "4x4s"}
-
-
-def _cuda_available() -> bool:
-    if "CUDAExecutionProvider" not in ort.get_available_providers() or shutil.which("nvidia-smi") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _cuda_available(), reason="needs onnxruntime-gpu and an NVIDIA GPU")
-def test_cuda_graph_replays_equal_plain_runs(tiny_model_dir):
-    options = dict(device="cuda", precision="fp32", containers=(4.0,), batch_sizes=(1, 4))
-    graph = Engine(tiny_model_dir, EngineOptions(cuda_graph=True, **options)).load()
-    plain = Engine(tiny_model_dir, EngineOptions(**options)).load()
-    for seed in range(4):  # every call after warm-up is a replay with new inputs copied in place
-        clips = [Clip(clip(float(s), seed * 10 + i)) for i, s in enumerate((3.9, 1.2, 2.7)[: 1 + seed % 3])]
-        for got, want in zip(graph.infer(clips, topk=True, full=True), plain.infer(clips, topk=True, full=True)):
-            assert got.length == want.length > 0
-            np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
-            np.testing.assert_array_equal(got.best_ids, want.best_ids)
-    assert graph.stats.unwarmed_calls == 0
 
 
 def test_hotword_clips_share_a_batch_and_the_graph_top_k_matches_the_host(demo_speech):

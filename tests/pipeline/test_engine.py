@@ -36,7 +36,7 @@ def clip(seconds: float, seed: int = 0) -> np.ndarray:
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Engine:
     """A loaded fp32 engine on the default CPU ladder (shared by the read-only tests of this module)."""
-    return Engine(tiny_model_dir, EngineOptions(precision="fp32")).load()
+    return Engine(tiny_model_dir, EngineOptions(device="cpu", precision="fp32")).load()
 
 
 # ---- provider choice and options (pure) ---------------------------------------------------------------
@@ -110,6 +110,8 @@ def test_options_are_validated():
 # ---- loading -------------------------------------------------------------------------------------------
 
 def test_auto_falls_back_to_cpu_here(tiny_model_dir):
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is here: tests/pipeline/test_cuda.py checks that auto chooses CUDA")
     eng = Engine(tiny_model_dir).load()
     assert eng.provider == "CPUExecutionProvider" and eng.device == "cpu"
     assert eng.precision == "int8"  # auto on CPU, the export has it
@@ -141,9 +143,9 @@ def test_missing_or_invalid_model_directory(tmp_path, tiny_model_dir):
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.onnx").write_bytes(b"not a protobuf at all")
     with pytest.raises(ModelLoadError, match="model.onnx"):
-        Engine(broken, EngineOptions(precision="fp32")).load()
+        Engine(broken, EngineOptions(device="cpu", precision="fp32")).load()
     with pytest.raises(ModelLoadError, match="no fp16 graph"):
-        Engine(tiny_model_dir, EngineOptions(precision="fp16")).load()
+        Engine(tiny_model_dir, EngineOptions(device="cpu", precision="fp16")).load()
 
 
 def test_wrong_signature_is_a_model_load_error(tmp_path, tiny_model_dir):
@@ -162,13 +164,13 @@ def test_wrong_signature_is_a_model_load_error(tmp_path, tiny_model_dir):
     onnx.save(model, str(other / "model.int8.onnx"))
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError, match="inputs"):
-        Engine(other, EngineOptions(containers=(4.0,))).load()
+        Engine(other, EngineOptions(device="cpu", containers=(4.0,))).load()
 
 
 # ---- warm-up and shapes --------------------------------------------------------------------------------
 
 def test_unwarmed_shapes_are_refused_and_counted(tiny_model_dir):
-    eng = Engine(tiny_model_dir, EngineOptions(containers=(4.0, 8.0))).load(warm_up=False)
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", containers=(4.0, 8.0))).load(warm_up=False)
     assert not eng.ready
     with pytest.raises(UnwarmedShapeError):
         eng.run(clip(1.0))
@@ -193,7 +195,7 @@ def test_run_picks_the_container_and_reports_frames(engine):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_padding_is_invisible(tiny_model_dir, precision):
     """The same clip in a 4 s and a 30 s container, and unpadded in a dynamic-shape session, agree."""
-    eng = Engine(tiny_model_dir, EngineOptions(precision=precision)).load()
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", precision=precision)).load()
     audio = clip(2.5, seed=3)
     small, n_small = eng.run(audio)
     padded = np.zeros(seconds_to_samples(30.0), np.float32)
@@ -243,7 +245,7 @@ def test_transcribe(engine):
 # ---- faults, rebuilds, stats ---------------------------------------------------------------------------
 
 def test_fault_hook_raises_inference_error_and_the_next_call_works(tiny_model_dir):
-    eng = Engine(tiny_model_dir, EngineOptions(containers=(4.0,))).load()
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", containers=(4.0,))).load()
     expected, _ = eng.run(clip(1.0))
     seen = []
 
@@ -262,7 +264,7 @@ def test_fault_hook_raises_inference_error_and_the_next_call_works(tiny_model_di
 
 
 def test_rebuild_on_cpu(tiny_model_dir):
-    eng = Engine(tiny_model_dir, EngineOptions(containers=(4.0, 8.0))).load()
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", containers=(4.0, 8.0))).load()
     before, _ = eng.run(clip(1.5))
     eng.rebuild(device="cpu")
     assert eng.stats.rebuilds == 1 and eng.ready and eng.provider == "CPUExecutionProvider"
@@ -271,7 +273,7 @@ def test_rebuild_on_cpu(tiny_model_dir):
 
 
 def test_stats_count_calls_and_time(tiny_model_dir):
-    eng = Engine(tiny_model_dir, EngineOptions(containers=(4.0,))).load()
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", containers=(4.0,))).load()
     assert eng.stats.calls == 0  # warm-up runs are not calls
     for _ in range(3):
         eng.run(clip(0.5))
@@ -283,8 +285,8 @@ def test_stats_count_calls_and_time(tiny_model_dir):
 # ---- weight sharing ------------------------------------------------------------------------------------
 
 def test_shared_weights_give_the_same_results(tiny_model_dir):
-    shared = Engine(tiny_model_dir, EngineOptions(precision="int8")).load()
-    separate = Engine(tiny_model_dir, EngineOptions(precision="int8", share_weights=False)).load()
+    shared = Engine(tiny_model_dir, EngineOptions(device="cpu", precision="int8")).load()
+    separate = Engine(tiny_model_dir, EngineOptions(device="cpu", precision="int8", share_weights=False)).load()
     assert shared.stats.shared_weight_bytes > 0 and separate.stats.shared_weight_bytes == 0
     for seconds in (1.0, 6.0, 20.0):
         a, n = shared.run(clip(seconds))
@@ -297,7 +299,7 @@ def test_external_data_graph_loads_with_sharing(tmp_path):
     from fixtures.tiny_graph import write_tiny_model_dir
 
     model = write_tiny_model_dir(tmp_path / "ext", hidden=64, external_data=True)
-    eng = Engine(model, EngineOptions(containers=(1.0, 2.0))).load()
+    eng = Engine(model, EngineOptions(device="cpu", containers=(1.0, 2.0))).load()
     assert eng.stats.shared_weight_bytes > 0
     logprobs, length = eng.run(clip(1.5))
     assert length == seconds_to_samples(1.5) // 960 + 4
@@ -306,7 +308,8 @@ def test_external_data_graph_loads_with_sharing(tmp_path):
 _MEASURE = textwrap.dedent("""
     import json, sys
     from pipeline.engine import Engine, EngineOptions
-    eng = Engine(sys.argv[1], EngineOptions(containers=(4.0, 8.0, 15.0, 30.0), share_weights=sys.argv[2] == "1"))
+    options = EngineOptions(device="cpu", containers=(4.0, 8.0, 15.0, 30.0), share_weights=sys.argv[2] == "1")
+    eng = Engine(sys.argv[1], options)
     eng.load()
     print(json.dumps([eng.stats.rss_after_load - eng.stats.rss_before_load, eng.stats.shared_weight_bytes]))
 """)
@@ -359,7 +362,7 @@ def test_io_binding_runner_replays_fixed_buffers(engine):
 
 
 def test_device_failure_rebuilds_and_retries_once(tiny_model_dir):
-    eng = Engine(tiny_model_dir, EngineOptions(containers=(4.0,))).load()
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", containers=(4.0,))).load()
     expected, _ = eng.run(clip(1.0))
 
     def lost_once(call: int) -> None:
