@@ -92,8 +92,9 @@ class Recipe:
     rt60: tuple[float, float] = (0.15, 0.7)  # seconds for the tail to fall 60 dB
     direct_to_reverb_db: tuple[float, float] = (0.0, 12.0)
     # Long silences, on training speech only: a lead, a trail or both drawn from `long_silence` instead
-    # of the short ones, so the model learns to say nothing in them (issue 25; off in the shipped recipe,
-    # docs/benchmarks.md). A stream of their own, so texts, voices and the held-out set stay the same.
+    # of the short ones, so the model learns to say nothing in them (issue 25; off by default, 0.35 for the
+    # shipped demo: models/demo/manifest.json). A stream of their own, so texts, voices and the held-out set
+    # stay the same.
     long_silence_probability: float = 0.0
     long_silence: tuple[float, float] = (0.3, 2.0)  # seconds
 
