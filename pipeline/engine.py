@@ -51,9 +51,8 @@ from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choo
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
-from .qwen3_engine import ARCHITECTURE as QWEN3, create_qwen3_sessions, qwen3_decoder, warm_up_qwen3
-from .qwen3_text import qwen3_transcript
-from .providers import PROVIDERS, SessionRunner, candidate_devices, conflicting_runtimes, is_device_failure, provider_config
+from .qwen3_engine import ARCHITECTURE as QWEN3, create_qwen3_sessions, transcribe_qwen3, warm_up_qwen3
+from .providers import PROVIDERS, SessionRunner, devices_to_try, is_device_failure, provider_config
 from .sessions import create_session, load_shared_weights, process_rss, release_free_memory, runner_on
 from .shapes import ShapePolicy
 
@@ -62,8 +61,6 @@ __all__ = ["PRECISION_CHOICES", "WARMUP_FILL", "Engine", "EngineOptions", "Engin
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINTS = {"cuda": "install onnxruntime-gpu instead of onnxruntime",
-                 "directml": "install onnxruntime-directml instead of onnxruntime (Windows x64)", "cpu": ""}
 WARMUP_FILL = 0.75  # warm-up length as a fraction of the container: a typical clip, not an empty one
 
 
@@ -99,17 +96,7 @@ class Engine:
         `warm_up=False` leaves the engine not ready (every run refused): only for tests and measurements.
         """
         start, self.stats.rss_before_load = time.perf_counter(), process_rss()
-        conflict = conflicting_runtimes()
-        if conflict:
-            log.warning("%s are installed together; they overwrite each other, so the provider that loads is "
-                        "an accident: uninstall all of them and install one", " and ".join(conflict))
-        available = ort.get_available_providers()
-        devices = candidate_devices(self.options.device, available)
-        missing = [d for d in devices if PROVIDERS[d] not in available]
-        if missing:  # an explicit device this build lacks (auto only lists built ones)
-            raise ProviderError(
-                f"{missing[0]} requested, but this onnxruntime {ort.__version__} build has only "
-                f"{', '.join(available)} ({INSTALL_HINTS[missing[0]]})", device=missing[0])
+        devices = devices_to_try(self.options.device)
         for i, device in enumerate(devices):
             try:
                 self._build(device)
@@ -194,10 +181,7 @@ class Engine:
         """Run each session once with exactly its shape; afterwards the engine is ready."""
         if self.qwen3:
             t = time.perf_counter()
-            warm_up_qwen3(qwen3_decoder(self.model, self._sessions, functools.partial(self._infer, warming=True)),
-                          WARMUP_FILL)
-            for session in self._sessions.values():
-                session.warmed = True
+            warm_up_qwen3(self.model, self._sessions, functools.partial(self._infer, warming=True), WARMUP_FILL)
             log.info("warmed encoder, prefill and step in %.2f s", time.perf_counter() - t)
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
@@ -338,9 +322,9 @@ class Engine:
         except ValueError as exc:
             self.stats.failures += 1
             raise InferenceError(str(exc), samples=len(audio)) from None
-        result = qwen3_decoder(self.model, self._sessions, self._infer).decode(audio)
+        transcript = transcribe_qwen3(self.model, self._sessions, self._infer, audio)
         self.stats.rows += 1
-        return qwen3_transcript(result.tokens, self.model.tokens)
+        return transcript
 
     def _run_batch(self, run: Run, feed: dict[str, np.ndarray], topk: bool, full: bool) -> dict[str, np.ndarray]:
         session = self._sessions.get((run.batch, run.size))

@@ -15,11 +15,16 @@ session really started). The environment variable INFERENCE_DEVICE is read here 
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
+
+from .errors import ProviderError
+
+log = logging.getLogger(__name__)
 
 _NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int32)": np.int32,
                 "tensor(int64)": np.int64}
@@ -63,11 +68,30 @@ def resolve_device(cli_value: str | None = None) -> str:
     return value
 
 
+INSTALL_HINTS = {"cuda": "install onnxruntime-gpu instead of onnxruntime",
+                 "directml": "install onnxruntime-directml instead of onnxruntime (Windows x64)", "cpu": ""}
+
+
 def candidate_devices(device: str, available: list[str]) -> list[str]:
     """The devices to try in order: for "auto", those of AUTO_ORDER whose provider is in `available`."""
     if device == "auto":
         return [d for d in AUTO_ORDER if PROVIDERS[d] in available]
     return [device]
+
+
+def devices_to_try(device: str) -> list[str]:
+    """candidate_devices() for this onnxruntime build; ProviderError for an explicit device it lacks."""
+    conflict = conflicting_runtimes()
+    if conflict:
+        log.warning("%s are installed together; they overwrite each other, so the provider that loads is "
+                    "an accident: uninstall all of them and install one", " and ".join(conflict))
+    available = ort.get_available_providers()
+    devices = candidate_devices(device, available)
+    missing = [d for d in devices if PROVIDERS[d] not in available]
+    if missing:  # an explicit device this build lacks (auto only lists built ones)
+        raise ProviderError(f"{missing[0]} requested, but this onnxruntime {ort.__version__} build has only "
+                            f"{', '.join(available)} ({INSTALL_HINTS[missing[0]]})", device=missing[0])
+    return devices
 
 
 @dataclass(frozen=True)

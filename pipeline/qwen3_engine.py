@@ -17,7 +17,9 @@ import numpy as np
 from .errors import ModelLoadError
 from .modeldir import ModelDirectory
 from .providers import ProviderConfig, SessionRunner
+from .decoding import Transcript
 from .qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
+from .qwen3_text import qwen3_transcript
 from .sessions import create_session
 
 ARCHITECTURE = "qwen3-asr"
@@ -55,8 +57,18 @@ def qwen3_decoder(model: ModelDirectory, sessions: dict[str, SessionRunner], inf
                         Qwen3Shapes.from_dimensions(dims))
 
 
-def warm_up_qwen3(decoder: Qwen3Decoder, fill: float) -> None:
-    """Run encoder, prefill and one step at their shapes (a clip of `fill` x the container, zeros)."""
-    shapes = decoder.shapes
-    container = np.zeros((1, shapes.container_samples), np.float32)
-    decoder.decode_container(container, int(shapes.container_samples * fill), WARMUP_TOKENS, ignore_eos=True)
+def warm_up_qwen3(model: ModelDirectory, sessions: dict[str, SessionRunner], infer: Callable, fill: float) -> None:
+    """Run encoder, prefill and one step at their shapes (a clip of `fill` x the container, zeros) through
+    the engine's warming `infer`; then every session is warmed."""
+    decoder = qwen3_decoder(model, sessions, infer)
+    container = np.zeros((1, decoder.shapes.container_samples), np.float32)
+    decoder.decode_container(container, int(decoder.shapes.container_samples * fill), WARMUP_TOKENS,
+                             ignore_eos=True)
+    for session in sessions.values():
+        session.warmed = True
+
+
+def transcribe_qwen3(model: ModelDirectory, sessions: dict[str, SessionRunner], infer: Callable,
+                     audio: np.ndarray) -> Transcript:
+    """One clip (it fits the container) decoded greedily through the engine's `infer`; no token times."""
+    return qwen3_transcript(qwen3_decoder(model, sessions, infer).decode(audio).tokens, model.tokens)

@@ -16,13 +16,14 @@ below 0.15 -> 0, below 0.3 -> 1, below 0.5 -> 2, from 0.5 (OpenAI's default) -> 
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import quoted
 from pipeline.segmenter import SegmenterOptions
+
+from .protocol import loads_shallow
 
 RATES = (24000, 16000)
 DEFAULT_RATE = 24000
@@ -215,8 +216,8 @@ def error_event(message: str, code: str | None, param: str | None = None, event_
 def parse_event(text: str) -> dict[str, Any]:
     """A client event's JSON -> dict with a string `type` (EventError otherwise)."""
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # RecursionError: deeply nested arrays or objects
+        data = loads_shallow(text)
+    except ValueError as exc:
         raise EventError(f"The server could not parse the event: {exc}", code="invalid_json") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise EventError("An event must be a JSON object with a string 'type'", code="invalid_json")

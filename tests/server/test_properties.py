@@ -179,3 +179,35 @@ def test_zz_healthy_session_got_every_final(background, speech):
     assert not [m for m in messages if m["type"] == "error"]
     assert [f["segment"] for f in finals] == list(range(plays * len(speech.utterances)))
     assert messages[-1] == {"type": "done", "segments": plays * len(speech.utterances)}
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab'),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                        max_size=3),
+                           max_leaves=40)
+
+
+@given(JSON_VALUES)
+def test_client_json_parses_as_json_loads_does(value):
+    """Brackets inside strings are not nesting: whatever json.loads reads within the depth, so does ours."""
+    from server.protocol import MAX_JSON_DEPTH, loads_shallow
+
+    def depth(v: Any) -> int:
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        return 0 if children is None else 1 + max(map(depth, children), default=0)
+
+    text = json.dumps(value)
+    if depth(value) <= MAX_JSON_DEPTH:
+        assert loads_shallow(text) == json.loads(text)
+    else:
+        with pytest.raises(ValueError):
+            loads_shallow(text)
+
+
+def test_client_json_nested_past_the_limit_is_refused_unparsed():
+    from server.protocol import MAX_JSON_DEPTH, loads_shallow
+
+    assert loads_shallow("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
+    for text in ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), '{"a":' * 40_000):
+        with pytest.raises(ValueError, match=f"deeper than {MAX_JSON_DEPTH}"):
+            loads_shallow(text)
