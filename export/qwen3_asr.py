@@ -8,16 +8,18 @@ ONNX graphs (a released checkpoint: export/qwen3_checkpoint.py).
     DIR/step.onnx      token_ids int64 [1, 1], positions int64 [1], cache_keys, cache_values
                        [layers, 1, kv_heads, cache, head_dim] -> logits [1, V], keys, values [.., 1, head_dim]
     DIR/*.int8.onnx    the same with int8 MatMul weights (the CPU precision)
+    DIR/*.fp16.onnx    the same in fp16 (the GPU precision): audio in, the log-mel, RoPE angles and logits
+                       stay float32; audio_embeds, keys, values and the caches are float16
     DIR/manifest.json  architecture "qwen3-asr"; dimensions: models.qwen3_asr.Qwen3ASRDimensions plus
                        "shapes" (pipeline/qwen3_decoding.py's Qwen3Shapes); graphs: precision -> graph -> file
 The free axes (windows, prompt, audio_tokens, cache) are fixed per session by the server, at the shapes
 of the manifest; verification also runs them at a clip's own size. The container is a whole number of
 attention windows (8 s for the released models), so the default 30 s becomes 32 s.
-Not yet: fp16.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 from pathlib import Path
 
@@ -34,7 +36,8 @@ from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 DEFAULT_SEED = 20261124
 DEFAULT_MAX_NEW_TOKENS = 256
 GRAPH_FILES = {"fp32": {g: f"{g}.onnx" for g in (ENCODER, PREFILL, STEP)},
-               "int8": {g: f"{g}.int8.onnx" for g in (ENCODER, PREFILL, STEP)}}
+               "int8": {g: f"{g}.int8.onnx" for g in (ENCODER, PREFILL, STEP)},
+               "fp16": {g: f"{g}.fp16.onnx" for g in (ENCODER, PREFILL, STEP)}}
 
 
 class EncoderGraph(nn.Module):
@@ -69,9 +72,11 @@ def serving_shapes(model, container_seconds: float, max_new_tokens: int) -> Qwen
     return Qwen3Shapes(windows * window_samples(dims), prompt_slots, prompt_slots + max_new_tokens, max_new_tokens)
 
 
-def export_graphs(model, directory: Path, shapes: Qwen3Shapes) -> None:
-    """The three fp32 graphs into `directory`, each with its free axes."""
+def export_graphs(model, directory: Path, shapes: Qwen3Shapes, precision: str = "fp32") -> None:
+    """The three graphs of `precision` (fp32 or fp16, the model's own dtype) into `directory`, each with
+    its free axes."""
     dims = model.dims
+    dtype = model.thinker.lm_head.weight.dtype
     windows = torch.export.Dim("windows", min=1, max=max(2, 600 * SAMPLE_RATE // window_samples(dims)))
     prompt, audio_tokens = torch.export.Dim("prompt", min=2, max=65536), torch.export.Dim("audio_tokens", min=1, max=65536)
     cache = torch.export.Dim("cache", min=2, max=65536)
@@ -84,11 +89,12 @@ def export_graphs(model, directory: Path, shapes: Qwen3Shapes) -> None:
                   ("audio", "audio_lengths"), ("audio_embeds", "audio_token_lengths"),
                   {"audio": {1: window_samples(dims) * windows}, "audio_lengths": {}}),
         PREFILL: (PrefillGraph(model), (torch.zeros(1, shapes.prompt_slots, dtype=torch.int64),
-                                        torch.tensor([shapes.prompt_slots]), torch.zeros(1, audio_slots, text.hidden_size)),
+                                        torch.tensor([shapes.prompt_slots]),
+                                        torch.zeros(1, audio_slots, text.hidden_size, dtype=dtype)),
                   ("prompt_ids", "prompt_lengths", "audio_embeds"), ("logits", "keys", "values"),
                   {"prompt_ids": {1: prompt}, "prompt_lengths": {}, "audio_embeds": {1: audio_tokens}}),
         STEP: (StepGraph(model), (torch.zeros(1, 1, dtype=torch.int64), torch.tensor([shapes.prompt_slots]),
-                                  torch.zeros(cache_shape), torch.zeros(cache_shape)),
+                                  torch.zeros(cache_shape, dtype=dtype), torch.zeros(cache_shape, dtype=dtype)),
                ("token_ids", "positions", "cache_keys", "cache_values"), ("logits", "keys", "values"),
                {"token_ids": {}, "positions": {}, "cache_keys": {3: cache}, "cache_values": {3: cache}}),
     }
@@ -97,7 +103,7 @@ def export_graphs(model, directory: Path, shapes: Qwen3Shapes) -> None:
             program = torch.onnx.export(graph.eval(), example, input_names=list(inputs), output_names=list(outputs),
                                         dynamic_shapes=dynamic, opset_version=OPSET, dynamo=True, verbose=False)
         # Past protobuf's 2 GB (the 0.6B decoder: 2.4 GB in fp32) the weights go to "<file>.data".
-        program.save(str(directory / GRAPH_FILES["fp32"][name]), external_data=needs_external_data(model))
+        program.save(str(directory / GRAPH_FILES[precision][name]), external_data=needs_external_data(model))
 
 
 def synthetic_tokens(dims) -> list[str]:
@@ -136,6 +142,8 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
             if precision == "int8":
                 for graph, file in GRAPH_FILES["int8"].items():
                     quantize_int8(directory / GRAPH_FILES["fp32"][graph], directory / file)
+            elif precision == "fp16":  # from PyTorch, as SenseVoice's: a converter would have to keep the log-mel float32
+                export_graphs(copy.deepcopy(model).half_model(), directory, shapes, "fp16")
         if "fp32" not in precisions:
             for file in GRAPH_FILES["fp32"].values():
                 for path in directory.glob(f"{file}*"):  # the graph and its external weights
@@ -168,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "vocab.json, tokenizer_config.json)")
     weights.add_argument("--random-init", choices=("tiny", "0.6b", "1.7b"), help="seeded random weights of this size")
     parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
-    parser.add_argument("--precision", default="fp32,int8", help="comma list of fp32, int8 (default fp32,int8)")
+    parser.add_argument("--precision", default="fp32,int8", help="comma list of fp32, int8, fp16 (default fp32,int8)")
     parser.add_argument("--container", type=float, default=30.0,
                         help="container seconds, rounded up to whole attention windows (default 30 -> 32)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,

@@ -156,7 +156,14 @@ class Qwen3ASR(nn.Module):
 
     def encode(self, mel: torch.Tensor, mel_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """mel [B, n_mels, C * 100], mel_lengths [B] -> (audio embeddings [B, C * 13, H], token lengths [B])."""
-        return self.thinker.audio_tower(mel, mel_lengths)
+        return self.thinker.audio_tower(mel.to(self.thinker.lm_head.weight.dtype), mel_lengths)
+
+    def half_model(self) -> Qwen3ASR:
+        """This model with the audio tower, the LLM and its head in fp16 (the GPU graphs); the log-mel (its
+        power spectra pass fp16's 65504), the RoPE angles and the logits stay float32."""
+        self.thinker.half()
+        self.thinker.model.inv_freq = self.thinker.model.inv_freq.float()
+        return self
 
     def prefill(self, prompt_ids, prompt_lengths, audio_embeds):
         """prompt_ids [B, P] (audio placeholders in place, padded past prompt_lengths), audio_embeds

@@ -127,13 +127,13 @@ QWEN3_MAX_NEW_TOKENS = 16
 
 @pytest.fixture(scope="session")
 def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Qwen3-ASR's tiny geometry with seeded random weights, fp32 and int8, in an 8 s container, written by
-    `python -m export qwen3-asr --random-init tiny` (about 25 s on 2 cores): export, verify and serving
+    """Qwen3-ASR's tiny geometry with seeded random weights, fp32, int8 and fp16, in an 8 s container, written by
+    `python -m export qwen3-asr --random-init tiny` (about 35 s on 2 cores): export, verify and serving
     tests share it. Its words are noise (a random decoder repeats one token), the graphs are the real ones."""
     from export.__main__ import main
 
     out = tmp_path_factory.mktemp("qwen3") / "tiny"
     argv = ["qwen3-asr", "--random-init", "tiny", "--out", str(out), "--container", str(QWEN3_CONTAINER),
-            "--max-new-tokens", str(QWEN3_MAX_NEW_TOKENS)]
+            "--max-new-tokens", str(QWEN3_MAX_NEW_TOKENS), "--precision", "fp32,int8,fp16"]
     assert main(argv) == 0
     return out

@@ -41,13 +41,13 @@ def served_decoder(model_dir, precision: str) -> Qwen3Decoder:
 def test_manifest_lists_three_graphs_per_precision(model_dir):
     manifest = read_model_directory(model_dir).manifest
     assert manifest.architecture == "qwen3-asr"
-    assert set(manifest.graphs) == {"fp32", "int8"} and all(set(g) == set(GRAPHS) for g in manifest.graphs.values())
+    assert set(manifest.graphs) == {"fp32", "int8", "fp16"} and all(set(g) == set(GRAPHS) for g in manifest.graphs.values())
     shapes = Qwen3Shapes.from_dimensions(manifest.dimensions)
     assert shapes.container_samples == CONTAINER * 16000 and shapes.cache_slots == shapes.prompt_slots + MAX_NEW_TOKENS
     assert len((model_dir / "tokens.txt").read_text(encoding="utf-8").splitlines()) == manifest.dimensions["vocab_size"]
 
 
-def test_verify_passes_fp32_and_int8(model_dir):
+def test_verify_passes_every_precision(model_dir):
     report = verify(model_dir, None, None, (1.5, 6.1))
     assert report["passed"], json.dumps(report)[:2000]
     assert report["static_shapes"] and not report["forbidden_ops"]
@@ -74,9 +74,21 @@ def test_audio_longer_than_the_container_is_refused(model_dir):
         decoder.decode(np.zeros(int(CONTAINER * 16000) + 1, np.float32))
 
 
-def test_unsupported_precision_is_a_clear_error(tmp_path):
-    done = run_export("--random-init", "tiny", "--out", str(tmp_path / "x"), "--precision", "fp16")
-    assert done.returncode == 1 and "qwen3-asr exports fp32, int8 (not fp16 yet)" in done.stderr
+def test_fp16_graphs_decode_as_fp32_does(model_dir):
+    """The GPU precision: audio and logits float32, embeddings and the KV cache float16; the same tokens."""
+    audio = deterministic_waveform(3.3, seed=5)
+    fp16 = served_decoder(model_dir, "fp16")
+    types = {i.name: i.type for graph in fp16.sessions.values() for i in graph.get_inputs()}
+    assert types["audio"] == "tensor(float)" and types["cache_keys"] == types["audio_embeds"] == "tensor(float16)"
+    got, want = fp16.decode(audio), served_decoder(model_dir, "fp32").decode(audio)
+    assert got.tokens == want.tokens and got.first_logits.dtype == np.float32
+    cosine = got.first_logits @ want.first_logits / np.linalg.norm(got.first_logits) / np.linalg.norm(want.first_logits)
+    assert cosine > 0.999, cosine
+
+
+def test_unknown_precision_is_a_clear_error(tmp_path):
+    done = run_export("--random-init", "tiny", "--out", str(tmp_path / "x"), "--precision", "bf16")
+    assert done.returncode != 0 and "unknown precision 'bf16'" in done.stderr
     assert not (tmp_path / "x").exists()
 
 
