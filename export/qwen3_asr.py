@@ -29,6 +29,7 @@ from torch import nn
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelManifest
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
+from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 
 from .onnx_export import OPSET, needs_external_data, quantize_int8, write_graphs_atomically
 from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
@@ -106,6 +107,35 @@ def export_graphs(model, directory: Path, shapes: Qwen3Shapes, precision: str = 
         program.save(str(directory / GRAPH_FILES[precision][name]), external_data=needs_external_data(model))
 
 
+def name_weights_by_content(path: Path) -> None:
+    """Rename each initializer of the graph at `path` to a hash of its content (CONTENT_NAME_PREFIX + sha1),
+    merging identical ones. torch.onnx names weights val_N, differently in each graph; named by content,
+    prefill and step give their shared decoder weights the same names, and the engine loads them once."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))  # external data included: it is written again below
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer) or any(
+        path.parent.glob(f"{path.name}.data"))
+    renamed, kept = {}, {}
+    for tensor in model.graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        digest = hashlib.sha1(f"{array.dtype.str}{array.shape}".encode() + array.tobytes()).hexdigest()
+        renamed[tensor.name] = name = CONTENT_NAME_PREFIX + digest
+        if name not in kept:
+            kept[name] = numpy_helper.from_array(array, name)
+    for node in model.graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept.values())
+    for data in path.parent.glob(f"{path.name}.data"):
+        data.unlink()  # onnx appends to an existing external-data file
+    onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data", size_threshold=1024)
+
+
 def synthetic_tokens(dims) -> list[str]:
     """Random weights carry no tokenizer: <|tok{i}|> for every id, the prompt's own ids named for their role."""
     prompt = dims.prompt
@@ -144,6 +174,9 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
                     quantize_int8(directory / GRAPH_FILES["fp32"][graph], directory / file)
             elif precision == "fp16":  # from PyTorch, as SenseVoice's: a converter would have to keep the log-mel float32
                 export_graphs(copy.deepcopy(model).half_model(), directory, shapes, "fp16")
+        for precision in precisions:
+            for graph in (PREFILL, STEP):
+                name_weights_by_content(directory / GRAPH_FILES[precision][graph])
         if "fp32" not in precisions:
             for file in GRAPH_FILES["fp32"].values():
                 for path in directory.glob(f"{file}*"):  # the graph and its external weights

@@ -131,7 +131,7 @@ class Engine:
                                  self.options.allow_tf32, self.options.dml_performance_preference)
         if self.qwen3:
             self._sessions = create_qwen3_sessions(self.model, precision, config, self.options.threads,
-                                                   self.options.device_id or 0)
+                                                   self.options.device_id or 0, self.options.share_weights)
             self.policy, self.batch_sizes, self.device, self.provider, self.precision = (
                 policy, batch_sizes, device, config.provider, precision)
             log.info("engine: %s, %s graphs %s, container %g s, batch 1", self.provider, precision,

@@ -176,6 +176,7 @@ class SessionRunner:
         self.dtypes = {i.name: _NUMPY_TYPES.get(i.type, np.float32) for i in session.get_inputs()}
         self.output_names = tuple(o.name for o in session.get_outputs())
         self.warmed = False
+        self.weights: dict = {}  # shared weights given to the session with add_initializer (pipeline/sessions.py)
         self._binding: ort.IOBinding | None = None
         self._inputs: dict[str, ort.OrtValue] = {}
         self._outputs: dict[str, ort.OrtValue] = {}

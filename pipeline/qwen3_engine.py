@@ -18,26 +18,34 @@ from .errors import ModelLoadError
 from .modeldir import ModelDirectory
 from .providers import ProviderConfig, SessionRunner
 from .decoding import Transcript
-from .qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
+from .qwen3_decoding import ENCODER, GRAPHS, PREFILL, Qwen3Decoder, Qwen3Shapes, serving_overrides
 from .qwen3_text import qwen3_transcript
-from .sessions import create_session
+from .sessions import SharedWeights, create_session, load_shared_weights
 
 ARCHITECTURE = "qwen3-asr"
+# Exports name prefill's and step's weights by their content (export/qwen3_asr.py), so a name both graphs
+# hold is the same tensor and is loaded once; older exports' names (val_N) coincide by chance only.
+CONTENT_NAME_PREFIX = "sha1_"
 WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
 
 
 def create_qwen3_sessions(model: ModelDirectory, precision: str, config: ProviderConfig, threads: int,
-                          device_id: int) -> dict[str, SessionRunner]:
-    """Graph name -> its session, every free axis fixed at the manifest's shapes."""
+                          device_id: int, share_weights: bool = True) -> dict[str, SessionRunner]:
+    """Graph name -> its session, every free axis fixed at the manifest's shapes; on the CPU prefill and
+    step use one copy of the decoder's weights (ONNX Runtime ignores a shared name a graph lacks)."""
     graphs = model.manifest.graphs.get(precision)
     if not graphs or set(graphs) != set(GRAPHS):
         raise ModelLoadError(f"{model.path}: the manifest names no {precision} {', '.join(GRAPHS)} graphs",
                              precision=precision)
     dims = model.manifest.dimensions
     shapes, overrides = Qwen3Shapes.from_dimensions(dims), serving_overrides(dims)
-    # The weights are not shared between prefill and step (each holds the decoder's): not done yet.
-    return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads, {},
-                                  device_id, ARCHITECTURE, graph=graph, overrides=overrides[graph])
+    decoder: SharedWeights = {}
+    if share_weights and config.provider == "CPUExecutionProvider":  # add_initializer keeps host arrays
+        decoder = {name: weight for name, weight in load_shared_weights(model.path / graphs[PREFILL]).items()
+                   if name.startswith(CONTENT_NAME_PREFIX)}
+    return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads,
+                                  {} if graph == ENCODER else decoder, device_id, ARCHITECTURE, graph=graph,
+                                  overrides=overrides[graph])
             for graph in GRAPHS}
 
 

@@ -94,7 +94,9 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
     if config.device != "cpu":
         session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
     check_signature(session, path, architecture, graph or ("decoder" if tokens > 0 else ""), fixed=bool(size))
-    return SessionRunner(session, batch, size, config, device_id)
+    runner = SessionRunner(session, batch, size, config, device_id)
+    runner.weights = shared  # the session reads these arrays in place: they live as long as it does
+    return runner
 
 
 def runner_on(runner: SessionRunner, batch: int, size: int) -> SessionRunner:

@@ -113,3 +113,23 @@ def test_a_step_does_not_depend_on_the_cache_length(model_dir, precision):
         feed = {"token_ids": np.array([[5]]), "positions": np.array([valid]), "cache_keys": keys, "cache_values": values}
         logits.append(ort.InferenceSession(path, options).run(None, feed)[0])
     assert np.array_equal(logits[0], logits[1])
+
+
+def test_prefill_and_step_share_their_decoder_weights_on_the_cpu(model_dir):
+    """The export names weights by content, so the engine hands prefill and step one copy of the decoder's
+    (the same transcript as with a copy each, ONNX Runtime ignoring the names a graph lacks)."""
+    from pipeline.engine import Engine, EngineOptions
+    from pipeline.initializers import read_initializers
+    from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
+
+    graphs = read_model_directory(model_dir).manifest.graphs["int8"]
+    prefill, step = (read_initializers(model_dir / graphs[g]) for g in ("prefill", "step"))
+    assert all(name.startswith(CONTENT_NAME_PREFIX) for name in [*prefill, *step])
+    common = set(prefill) & set(step)
+    assert sum(prefill[n].nbytes for n in common) > 0.9 * sum(a.nbytes for a in step.values())
+    audio = deterministic_waveform(3.3, seed=5)
+    shared, separate = (Engine(model_dir, EngineOptions(device="cpu", precision="int8", share_weights=s)).load()
+                        for s in (True, False))
+    assert set(shared._sessions["step"].weights) == set(shared._sessions["prefill"].weights) >= common
+    assert not separate._sessions["step"].weights and not shared._sessions["encoder"].weights
+    assert shared.transcribe(audio) == separate.transcribe(audio)
