@@ -40,8 +40,11 @@ def batch_tasks(args: argparse.Namespace, precision: str, container: float) -> t
         after = device_memory_used() if per_size else None
         if before is not None and after is not None:
             used = after - before
-            lone = used if group == (1,) else lone
-            device_mib[f"{group[-1]}x{container:g}s"] = mib(used if group == (1,) else used - lone)
+            if group == (1,):
+                lone = used
+            else:
+                used -= lone
+            device_mib[f"{group[-1]}x{container:g}s"] = mib(used)
         engines.append(engine)
     audio = speech_audio(container * WARMUP_FILL)
     part: dict[str, Any] = {"container": container, "batch_sizes": sorted({b for e in engines for b in e.batch_sizes}),

@@ -1,10 +1,11 @@
 """`python -m bench qwen3 DIR`: CPU figures of a Qwen3-ASR model directory at its serving shapes.
 
-Sessions fixed at the manifest's shapes, as served. Printed (one JSON object): encoder seconds per container,
+The engine's own sessions (pipeline/qwen3_engine.py: the manifest's fixed shapes; prefill and step sharing
+one copy of the decoder's weights unless --no-share-weights), as served. Printed (one JSON object): encoder seconds per container,
 prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
 clip of --seconds, and the peak RSS of this process. Each stage is timed around its own session calls
-(best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random weights never stop early, so the utterance
-decodes exactly --tokens tokens.
+(best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random
+weights never stop early, so the utterance decodes exactly --tokens tokens.
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import json
 import resource
 import time
 
-
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes, audio_slots
+from pipeline.providers import provider_config
+from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
+from pipeline.qwen3_engine import create_qwen3_sessions
 
 from export.onnx_export import deterministic_waveform
 from export.sensevoice import user_path
-from export.verify_qwen3 import sessions
 
 
 class TimedSession:
@@ -47,20 +48,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="utterance length (default 10)")
     parser.add_argument("--tokens", type=int, default=24, help="tokens to decode (default 24)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept (default 3)")
+    parser.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=True,
+                        help="prefill and step share the decoder's weights, as the server's default (default on)")
 
 
 def run(args: argparse.Namespace) -> int:
     directory = read_model_directory(args.model_dir)
     dims = directory.manifest.dimensions
     shapes = Qwen3Shapes.from_dimensions(dims)
-    made, _ = sessions(directory, args.precision, "cpu", shapes.container_samples, shapes.prompt_slots,
-                       audio_slots(dims, shapes), shapes.cache_slots)
-    decoder = Qwen3Decoder(made, dims["prompt"], shapes)
+    runners = create_qwen3_sessions(directory, args.precision, provider_config("cpu"), 0, 0, args.share_weights)
+    decoder = Qwen3Decoder({}, dims["prompt"], shapes)
     if not 0 < args.seconds * 16000 <= shapes.container_samples or args.tokens < 2:
         raise ValueError(f"--seconds must fit the {shapes.container_samples / 16000:g} s container and --tokens be >= 2")
     audio = deterministic_waveform(args.seconds, seed=3)
 
-    decoder.sessions = {name: TimedSession(session) for name, session in made.items()}
+    decoder.sessions = {name: TimedSession(r.session) for name, r in runners.items()}  # `runners` keeps the
+    # shared weights alive
     runs = []
     for _ in range(args.repeat):
         for timed in decoder.sessions.values():
@@ -73,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
                      1000 * steps.seconds / max(steps.calls, 1)))
     whole, encoder, prefill, ms_per_token = (min(figure) for figure in zip(*runs))
     figures = {
-        "precision": args.precision, "container_seconds": shapes.container_samples / 16000,
-        "prompt_slots": shapes.prompt_slots, "cache_slots": shapes.cache_slots,
+        "precision": args.precision, "share_weights": args.share_weights,
+        "container_seconds": shapes.container_samples / 16000, "prompt_slots": shapes.prompt_slots, "cache_slots": shapes.cache_slots,
         "encoder_s": encoder, "prefill_s": prefill, "ms_per_token": ms_per_token,
         f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": tokens,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

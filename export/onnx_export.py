@@ -87,6 +87,25 @@ def load_graph(path: Path, **options) -> "onnx.ModelProto":
         raise ValueError(f"{path}: not a readable ONNX graph ({type(exc).__name__}: {exc})") from None
 
 
+def external_data_file(path: Path) -> Path:
+    """Where torch.onnx and save_graph put the weights of a graph past protobuf's 2 GB."""
+    return path.parent / f"{path.name}.data"
+
+
+def save_graph(model: "onnx.ModelProto", path: Path, external: bool) -> None:
+    """onnx.save_model over an existing graph: its weights in one external file when `external`, written
+    afresh (onnx refuses to write over one: FileExistsError) and readable by whoever may read the graph
+    (onnx creates it private, 0600: a model exported by an administrator was unreadable to its service)."""
+    import onnx
+
+    data = external_data_file(path)
+    data.unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    if external:
+        data.chmod(path.stat().st_mode & 0o777)
+
+
 def op_histogram(path: Path) -> dict[str, int]:
     model = load_graph(path, load_external_data=False)
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
@@ -130,7 +149,7 @@ def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None
 
 
 def _has_external_data(path: Path) -> bool:
-    return any(p.name.startswith(path.name) and p.suffix == ".data" for p in path.parent.iterdir())
+    return external_data_file(path).exists()
 
 
 def write_model_dir(

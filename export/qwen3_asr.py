@@ -31,7 +31,8 @@ from pipeline.modeldir import ModelManifest
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 
-from .onnx_export import OPSET, needs_external_data, quantize_int8, write_graphs_atomically
+from .onnx_export import (OPSET, external_data_file, needs_external_data, quantize_int8, save_graph,
+                          write_graphs_atomically)
 from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 
 DEFAULT_SEED = 20261124
@@ -116,9 +117,8 @@ def name_weights_by_content(path: Path) -> None:
     import onnx
     from onnx import numpy_helper
 
+    external = external_data_file(path).exists()
     model = onnx.load(str(path))  # external data included: it is written again below
-    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer) or any(
-        path.parent.glob(f"{path.name}.data"))
     renamed, kept = {}, {}
     for tensor in model.graph.initializer:
         array = numpy_helper.to_array(tensor)
@@ -130,10 +130,7 @@ def name_weights_by_content(path: Path) -> None:
         node.input[:] = [renamed.get(name, name) for name in node.input]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept.values())
-    for data in path.parent.glob(f"{path.name}.data"):
-        data.unlink()  # onnx appends to an existing external-data file
-    onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
-                    location=f"{path.name}.data", size_threshold=1024)
+    save_graph(model, path, external)
 
 
 def synthetic_tokens(dims) -> list[str]:
@@ -172,7 +169,7 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
             if precision == "int8":
                 for graph, file in GRAPH_FILES["int8"].items():
                     quantize_int8(directory / GRAPH_FILES["fp32"][graph], directory / file)
-            elif precision == "fp16":  # from PyTorch, as SenseVoice's: a converter would have to keep the log-mel float32
+            elif precision == "fp16":  # from PyTorch, as SenseVoice's: a converter would keep the log-mel float32
                 export_graphs(copy.deepcopy(model).half_model(), directory, shapes, "fp16")
         for precision in precisions:
             for graph in (PREFILL, STEP):

@@ -88,11 +88,11 @@ SENSEVOICE_SMALL = CatalogModel(
     ),
 )
 
-# Qwen3-ASR-0.6B as Qwen published it on Hugging Face at commit 5eb14417. Where each pin comes from: the
-# commit and the sha256 of config.json, model.safetensors and vocab.json are those an independent public
-# project's build script pins for this commit (found with a code search; two projects name the commit).
-# tokenizer_config.json (the special tokens) is unpinned: no public source for its sha256 was found, so it is
-# checked against what the hub reports at download time. No sizes were found published: the hub's are used.
+# Qwen3-ASR-0.6B as Qwen published it on Hugging Face at commit 5eb14417. Where the pins come from: no hub
+# is reachable where this was written, so the sizes and sha256 (the hub's LFS values for the weights) are
+# those that independent public projects pin for this commit, found with a code search on 2026-11-25: an
+# OpenVINO export checker lists every file of the commit with size and sha256; model.safetensors' and
+# config.json's pins recur in at least four more projects, tokenizer_config.json's and vocab.json's in five.
 # merges.txt is not downloaded (serving turns ids into text; it never encodes text).
 QWEN3_ASR_0_6B = CatalogModel(
     name="qwen3-asr-0.6b",
@@ -100,10 +100,12 @@ QWEN3_ASR_0_6B = CatalogModel(
     exporter="export.qwen3_asr",
     sources=(HubSource("hf", "Qwen/Qwen3-ASR-0.6B", "5eb144179a02acc5e5ba31e748d22b0cf3e303b0"),),
     files=(
-        HubFile("config.json", None, "76d3ae4601ce939830b2517f4a6cadb86cc51316c3900af6b020b051c21a478c"),
-        HubFile("model.safetensors", None, "79d6cbd4c98c7bbffe9db2edac07f56cd6637d0d5944b27f6c2b8353840323ea"),
-        HubFile("vocab.json", None, "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910"),
-        HubFile("tokenizer_config.json"),
+        HubFile("config.json", 6_193, "76d3ae4601ce939830b2517f4a6cadb86cc51316c3900af6b020b051c21a478c"),
+        HubFile("model.safetensors", 1_876_091_704,
+                "79d6cbd4c98c7bbffe9db2edac07f56cd6637d0d5944b27f6c2b8353840323ea"),
+        HubFile("vocab.json", 2_776_833, "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910"),
+        HubFile("tokenizer_config.json", 12_487,
+                "4942d005604266809309cabc9f4e9cb89ce855d59b14681fdc0e1cc62ea26c4c"),
     ),
 )
 

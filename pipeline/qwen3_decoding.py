@@ -110,7 +110,7 @@ class Qwen3Decoder:
             None, {"prompt_ids": ids, "prompt_lengths": np.array([length], np.int64), "audio_embeds": embeds})
         cache_shape = list(keys.shape)
         cache_shape[3] = cache_slots
-        cache_keys, cache_values = np.zeros(cache_shape, keys.dtype), np.zeros(cache_shape, values.dtype)  # fp16 graphs: fp16
+        cache_keys, cache_values = np.zeros(cache_shape, keys.dtype), np.zeros(cache_shape, values.dtype)  # fp16 too
         cache_keys[:, :, :, :prompt_slots], cache_values[:, :, :, :prompt_slots] = keys, values
         first_logits, step_logits, tokens = logits[0], [], []
         position = length

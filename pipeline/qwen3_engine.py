@@ -14,10 +14,10 @@ from typing import Callable
 
 import numpy as np
 
+from .decoding import Transcript
 from .errors import ModelLoadError
 from .modeldir import ModelDirectory
 from .providers import ProviderConfig, SessionRunner
-from .decoding import Transcript
 from .qwen3_decoding import ENCODER, GRAPHS, PREFILL, Qwen3Decoder, Qwen3Shapes, serving_overrides
 from .qwen3_text import qwen3_transcript
 from .sessions import SharedWeights, create_session, load_shared_weights
@@ -40,7 +40,7 @@ def create_qwen3_sessions(model: ModelDirectory, precision: str, config: Provide
     dims = model.manifest.dimensions
     shapes, overrides = Qwen3Shapes.from_dimensions(dims), serving_overrides(dims)
     decoder: SharedWeights = {}
-    if share_weights and config.provider == "CPUExecutionProvider":  # add_initializer keeps host arrays
+    if share_weights and config.device == "cpu":  # add_initializer keeps host arrays
         decoder = {name: weight for name, weight in load_shared_weights(model.path / graphs[PREFILL]).items()
                    if name.startswith(CONTENT_NAME_PREFIX)}
     return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads,

@@ -41,6 +41,7 @@ class ServerConfig:
     batch_sizes: tuple[int, ...] | None = None  # rows per model run; None: the engine's default (1,4,16 GPU; 1 CPU)
     cuda_graph: bool = False  # CUDA: capture and replay each session's graph
     allow_tf32: bool = False  # CUDA: TF32 matmuls for fp32 (faster, no longer exact)
+    share_weights: bool = True  # CPU: one copy of the weights for all sessions (EngineOptions.share_weights)
     vad_aggressiveness: int = _SEGMENTER.vad_aggressiveness  # webrtcvad mode, 0 (least) to 3 (most aggressive)
     end_silence: float = _SEGMENTER.end_silence  # trailing silence that ends a segment
     pre_roll: float = _SEGMENTER.pre_roll  # audio kept before the first voiced frame

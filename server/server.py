@@ -72,7 +72,8 @@ def openai_listener_options(app: Server) -> dict[str, Any]:
 def engine_options(config: ServerConfig) -> EngineOptions:
     return EngineOptions(device=resolve_device(config.device), precision=config.precision,
                          containers=config.containers, threads=config.threads, batch_sizes=config.batch_sizes,
-                         cuda_graph=config.cuda_graph, allow_tf32=config.allow_tf32)
+                         cuda_graph=config.cuda_graph, allow_tf32=config.allow_tf32,
+                         share_weights=config.share_weights)
 
 
 def fit_segments(options: SegmenterOptions, manifest: ModelManifest) -> SegmenterOptions:

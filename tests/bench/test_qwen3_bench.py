@@ -5,10 +5,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 
-def test_bench_prints_its_figures(qwen3_model_dir):
+
+@pytest.mark.parametrize("sharing", ["--share-weights", "--no-share-weights"])
+def test_bench_prints_its_figures(qwen3_model_dir, sharing):
     done = subprocess.run([sys.executable, "-m", "bench", "qwen3", str(qwen3_model_dir), "--seconds", "3",
-                           "--tokens", "4", "--repeat", "1"], capture_output=True, text=True, timeout=300)
+                           "--tokens", "4", "--repeat", "1", sharing], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["tokens"] == 4 and figures["encoder_s"] > 0 and figures["ms_per_token"] > 0
+    assert figures["share_weights"] is (sharing == "--share-weights")

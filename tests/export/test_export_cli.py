@@ -292,3 +292,30 @@ def test_verify_names_a_damaged_graph(tiny_model_dir: Path, tmp_path: Path, caps
     # was "error: DecodeError: Error parsing message with type 'onnx.ModelProto'...", naming no file
     assert code == 1 and len(stderr.strip().splitlines()) == 1, stderr
     assert stderr.startswith(f"error: {graph}: not a readable ONNX graph ("), stderr
+
+
+def test_rewritten_external_weights_are_fresh_and_as_readable_as_the_graph(tmp_path: Path) -> None:
+    """save_graph, which add-decoding and the Qwen3 export use to rewrite a graph past 2 GB in place: onnx
+    refuses to write over the old weights file (add-decoding failed on such a graph with FileExistsError)
+    and makes a new one 0600 (a service account could read the graph but not its weights)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from export.onnx_export import external_data_file, save_graph
+
+    weight = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "weight")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "weight"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [weight])
+    path = tmp_path / "g.onnx"
+    onnx.save_model(helper.make_model(graph), str(path))
+    path.chmod(0o644)
+    for _ in range(3):
+        save_graph(onnx.load(str(path)), path, external=True)
+    data = external_data_file(path)
+    assert data.stat().st_size == 64 * 64 * 4  # once, not three times
+    assert data.stat().st_mode & 0o777 == 0o644
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.ones((1, 64), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(weight))

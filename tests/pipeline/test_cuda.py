@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from test_batching import clip
 
-from pipeline.audio import seconds_to_samples
 from pipeline.batching import Clip, host_decoding
 from pipeline.engine import Engine, EngineOptions
 
@@ -29,10 +29,6 @@ pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-
 
 CONTAINERS = (2.0, 4.0)
 EXACT = 1e-5  # the fp32 promise: TF32 off, so the GPU's matmuls round like fp32 ones
-
-
-def clip(seconds: float, seed: int) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(seconds_to_samples(seconds)) * 0.1).astype(np.float32)
 
 
 @pytest.fixture(scope="module")

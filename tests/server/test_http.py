@@ -187,6 +187,15 @@ def test_cli_model_path_with_tilde_or_a_file(test_model_dir, tmp_path, monkeypat
     assert "is a file, not a model directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, shared", [([], True), (["--no-share-weights"], False), (["--share-weights"], True)])
+def test_cli_share_weights_reaches_the_engine(flags, shared, test_model_dir):
+    from server.cli import build_parser, config_from_args
+    from server.server import engine_options
+
+    args = build_parser().parse_args(["--model", str(test_model_dir), *flags])
+    assert engine_options(config_from_args(args)).share_weights is shared
+
+
 async def test_python_dash_m_server_help():
     proc = await asyncio.create_subprocess_exec("python", "-m", "server", "--help", stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
