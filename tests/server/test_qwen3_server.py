@@ -75,18 +75,12 @@ async def test_partials_re_decode_the_open_segment(serve_test_server, qwen3_mode
 
 async def test_openai_upload_through_the_sdk(serve_test_server, qwen3_model_dir, speech):
     """The same segments give the same text through the OpenAI endpoint as through our own protocol."""
-    import io
-
-    import soundfile
-
-    wav = io.BytesIO()  # the very samples our protocol sends (a random decoder flips on the last bit)
-    soundfile.write(wav, np.clip(np.round(speech.audio * 32767), -32768, 32767).astype(np.int16), SAMPLE_RATE,
-                    format="WAV")
+    wav = wav_bytes(speech.audio)
     async with serve_test_server(qwen3_model_dir, token=TOKEN) as url:
         client = sdk(url)
         own = await own_protocol_text(url, speech.audio)
-        plain = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav.getvalue()))
-        verbose = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav.getvalue()),
+        plain = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav))
+        verbose = await client.audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav),
                                                            response_format="verbose_json",
                                                            timestamp_granularities=["segment"])
     assert plain.text and plain.text == own
@@ -104,3 +98,59 @@ def test_tokens_become_text_as_the_reference_parses_them():
     assert fix_repetitions("x " + "ha" * 25 + " end") == "x ha end"
     assert fix_repetitions("ha" * 5) == "ha" * 5  # short runs stay
     assert parse_output("language Chinese<asr_text>你好") == ("zh", "你好")
+
+
+async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_dir, speech):
+    """The other doors serve a model without token times or CTC frames: a Realtime commit (no turn
+    detection) gets the upload's text of that audio; FunASR's 2pass gets online text, then each segment's
+    offline text, with no timestamps to give (an empty list, not an error)."""
+    import asyncio
+    import base64
+    import json
+
+    import websockets
+
+    from server_testkit import pcm16
+
+    utterance = speech.utterances[0]
+    clip = speech.audio[: int((utterance["end"] + 0.3) * SAMPLE_RATE)]
+    async with serve_test_server(qwen3_model_dir, token=TOKEN, funasr_port=0) as url:
+        uri = f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription"
+        async with websockets.connect(uri, subprotocols=["realtime", f"openai-insecure-api-key.{TOKEN}"]) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": None}}}}))
+            audio = base64.b64encode(pcm16(clip)).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            event = {"type": ""}
+            while event["type"] != "conversation.item.input_audio_transcription.completed":
+                event = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                assert event["type"] != "error", event
+        upload = await sdk(url).audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav_bytes(clip)))
+        assert event["transcript"] and event["transcript"] == upload.text
+
+        async with websockets.connect(f"ws://127.0.0.1:{url.server.funasr_port}/", subprotocols=["binary"]) as ws:
+            await ws.send(json.dumps({"mode": "2pass", "wav_name": "speech", "wav_format": "pcm",
+                                      "audio_fs": SAMPLE_RATE, "is_speaking": True, "chunk_size": [5, 10, 5],
+                                      "token": TOKEN}))
+            pcm = pcm16(speech.audio)
+            for i in range(0, len(pcm), 3200):
+                await ws.send(pcm[i:i + 3200])
+            await ws.send(json.dumps({"is_speaking": False}))
+            results: list[dict] = []
+            while not results or not results[-1].get("is_final"):
+                results.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+    offline = [m for m in results if m["mode"] == "2pass-offline"]
+    assert len(offline) == len(speech.utterances) and all(m["text"] for m in offline), results
+    assert all(json.loads(m.get("timestamp") or "[]") == [] for m in offline)
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    """The very samples our protocol sends as 16-bit PCM (a random decoder flips on the last bit)."""
+    import io
+
+    import soundfile
+
+    wav = io.BytesIO()
+    soundfile.write(wav, np.clip(np.round(audio * 32767), -32768, 32767).astype(np.int16), SAMPLE_RATE, format="WAV")
+    return wav.getvalue()
