@@ -20,6 +20,12 @@ _DTYPES = {
     9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
 }
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+# Operators whose CPU kernels prepack a constant weight (input 1, B or W) into their own layout when the
+# session is created. A weight given with add_initializer is not prepacked (the Python API has no shared
+# prepacked-weights container): the kernel then works from the plain layout on every run, 14-33 % slower
+# for Qwen3-ASR's int8 decoder (docs/benchmarks.md).
+_PREPACKING_OPS = frozenset({"MatMul", "MatMulInteger", "Gemm", "DynamicQuantizeMatMul", "MatMulNBits",
+                             "FusedMatMul", "Conv", "ConvInteger", "QLinearMatMul", "QLinearConv"})
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def _packed_varints(field: _Field) -> list[int]:
     return values
 
 
-def _tensor(buf: memoryview, base: Path) -> tuple[str, np.ndarray] | None:
+def _tensor(buf: memoryview, base: Path, skipped: set[str]) -> tuple[str, np.ndarray] | None:
     dims: list[int] = []
     name, dtype, raw, external, location = "", 0, None, {}, 0
     for f in _fields(buf):
@@ -89,7 +95,7 @@ def _tensor(buf: memoryview, base: Path) -> tuple[str, np.ndarray] | None:
             location = f.value
         elif f.number in (3, 4, 5, 6, 7, 10, 11):  # segments or typed *_data fields: leave to ORT
             return None
-    if dtype not in _DTYPES or not name:
+    if dtype not in _DTYPES or not name or name in skipped:
         return None
     np_dtype = np.dtype(_DTYPES[dtype])
     count = int(np.prod(dims)) if dims else 1
@@ -107,8 +113,24 @@ def _tensor(buf: memoryview, base: Path) -> tuple[str, np.ndarray] | None:
     return name, array
 
 
-def read_initializers(path: str | Path, min_bytes: int = 1024) -> dict[str, np.ndarray]:
-    """The dense initializers of the ONNX graph at `path` at least `min_bytes` large, by name.
+def _prepacked_names(graph: memoryview) -> set[str]:
+    """Names given as input 1 to a _PREPACKING_OPS node (GraphProto.node is field 1; NodeProto.input 1,
+    op_type 4)."""
+    names = set()
+    for f in _fields(graph):
+        if f.number == 1 and f.wire == 2:
+            node = list(_fields(f.value))  # type: ignore[arg-type]
+            op = next((bytes(g.value).decode("utf-8") for g in node if g.number == 4), "")
+            inputs = [bytes(g.value).decode("utf-8") for g in node if g.number == 1]
+            if op in _PREPACKING_OPS and len(inputs) > 1:
+                names.add(inputs[1])
+    return names
+
+
+def read_initializers(path: str | Path, min_bytes: int = 1024,
+                      skip_prepacked: bool = False) -> dict[str, np.ndarray]:
+    """The dense initializers of the ONNX graph at `path` at least `min_bytes` large, by name; with
+    `skip_prepacked`, not those a CPU kernel prepacks (_PREPACKING_OPS), which are faster left to each session.
 
     Small tensors (shape constants, scalars) are left out: they are cheap and some are folded away by
     ONNX Runtime's graph optimisations. Raises ValueError (or OSError) on a file that is not an ONNX model.
@@ -119,10 +141,11 @@ def read_initializers(path: str | Path, min_bytes: int = 1024) -> dict[str, np.n
         graphs = [f.value for f in _fields(blob) if f.number == 7 and f.wire == 2]
         if len(graphs) != 1:
             raise ValueError("no graph")
+        skipped = _prepacked_names(graphs[0]) if skip_prepacked else set()  # type: ignore[arg-type]
         out: dict[str, np.ndarray] = {}
         for f in _fields(graphs[0]):  # type: ignore[arg-type]
             if f.number == 5 and f.wire == 2:
-                tensor = _tensor(f.value, path.parent)  # type: ignore[arg-type]
+                tensor = _tensor(f.value, path.parent, skipped)  # type: ignore[arg-type]
                 if tensor is not None and tensor[1].nbytes >= min_bytes:
                     out[tensor[0]] = tensor[1]
     except (IndexError, KeyError, UnicodeDecodeError, ValueError) as exc:  # truncated or not protobuf

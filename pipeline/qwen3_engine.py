@@ -32,7 +32,8 @@ WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
 def create_qwen3_sessions(model: ModelDirectory, precision: str, config: ProviderConfig, threads: int,
                           device_id: int, share_weights: bool = True) -> dict[str, SessionRunner]:
     """Graph name -> its session, every free axis fixed at the manifest's shapes; on the CPU prefill and
-    step use one copy of the decoder's weights (ONNX Runtime ignores a shared name a graph lacks)."""
+    step use one copy of the decoder's weights that no kernel prepacks (ONNX Runtime ignores a shared name
+    a graph lacks)."""
     graphs = model.manifest.graphs.get(precision)
     if not graphs or set(graphs) != set(GRAPHS):
         raise ModelLoadError(f"{model.path}: the manifest names no {precision} {', '.join(GRAPHS)} graphs",
@@ -41,11 +42,13 @@ def create_qwen3_sessions(model: ModelDirectory, precision: str, config: Provide
     shapes, overrides = Qwen3Shapes.from_dimensions(dims), serving_overrides(dims)
     decoder: SharedWeights = {}
     if share_weights and config.device == "cpu":  # add_initializer keeps host arrays
-        decoder = {name: weight for name, weight in load_shared_weights(model.path / graphs[PREFILL]).items()
-                   if name.startswith(CONTENT_NAME_PREFIX)}
+        # Not the MatMul weights: each session prepacks its own (shared, they would run unpacked, 14-33 %
+        # slower per token); the rest, mostly the 0.6 GB token embedding, is one copy (docs/benchmarks.md).
+        weights = load_shared_weights(model.path / graphs[PREFILL], skip_prepacked=True)
+        decoder = {name: weight for name, weight in weights.items() if name.startswith(CONTENT_NAME_PREFIX)}
     return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads,
                                   {} if graph == ENCODER else decoder, device_id, ARCHITECTURE, graph=graph,
-                                  overrides=overrides[graph])
+                                  overrides=overrides[graph], prepack=True)
             for graph in GRAPHS}
 
 

@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 SharedWeights = dict[str, tuple[np.ndarray, ort.OrtValue]]  # the arrays must outlive the sessions
 
 
-def load_shared_weights(path: Path) -> SharedWeights:
-    """The graph's initializers as OrtValues to share between sessions; {} when they cannot be read."""
+def load_shared_weights(path: Path, skip_prepacked: bool = False) -> SharedWeights:
+    """The graph's initializers as OrtValues to share between sessions (read_initializers); {} when they
+    cannot be read."""
     try:
-        arrays = read_initializers(path)
+        arrays = read_initializers(path, skip_prepacked=skip_prepacked)
     except (OSError, ValueError, KeyError) as exc:
         log.warning("cannot read the weights of %s for sharing (%s); one copy per session", path, exc)
         return {}
@@ -52,9 +53,12 @@ def free_dimensions(batch: int, size: int, tokens: int = 0) -> dict[str, int]:
     return dict(zip(FREE_DIMENSIONS, (batch, size)))
 
 
-def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
-                    shared: SharedWeights, tokens: int = 0, overrides: dict[str, int] | None = None) -> ort.SessionOptions:
-    """`overrides`: sizes of free axes named otherwise (the several graphs of Qwen3-ASR)."""
+def session_options(batch: int, size: int, config: ProviderConfig, threads: int, shared: SharedWeights,
+                    tokens: int = 0, overrides: dict[str, int] | None = None,
+                    prepack: bool = False) -> ort.SessionOptions:
+    """`overrides`: sizes of free axes named otherwise (the several graphs of Qwen3-ASR); `prepack`: the
+    shared weights include none that a kernel prepacks (load_shared_weights(skip_prepacked=True)), so the
+    session's own weights are prepacked as without sharing."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -63,10 +67,11 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
         so.add_free_dimension_override_by_name(name, value)
     for key, value in config.session_config.items():
         so.add_session_config_entry(key, value)
-    if shared:
-        # Prepacking would give every session its own packed copy of each weight (measured: sharing
+    if shared and not prepack:
+        # Prepacking would give every session its own packed copy of each shared weight (measured: sharing
         # with prepacking used more memory than no sharing at all), so shared weights stay unpacked.
         so.add_session_config_entry("session.disable_prepacking", "1")
+    if shared:
         for name, (_, value) in shared.items():
             so.add_initializer(name, value)
     return so
@@ -74,13 +79,13 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
 
 def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
                    shared: SharedWeights, device_id: int, architecture: str, tokens: int = 0, graph: str = "",
-                   overrides: dict[str, int] | None = None) -> SessionRunner:
+                   overrides: dict[str, int] | None = None, prepack: bool = False) -> SessionRunner:
     """One session of the grid (`tokens` > 0: a Paraformer decoder's, for that many token rows; `size` 0: one
     session for every shape of the grid, see runner_on; `graph` and `overrides`: which graph of a several-graph
-    family, and its free axes' sizes); ModelLoadError (the graph) or ProviderError (the device) when it fails."""
+    family, and its free axes' sizes; `prepack`: see session_options); ModelLoadError (the graph) or ProviderError (the device) when it fails."""
     try:
         session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared, tokens,
-                                                                  overrides),
+                                                                  overrides, prepack),
                                        providers=list(config.providers),
                                        provider_options=list(config.provider_options))
     except Exception as exc:  # ORT raises its own classes (InvalidProtobuf, Fail, EPFail, ...)

@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph", action="store_true", help="CUDA: capture each session's graph and replay it")
     p.add_argument("--allow-tf32", action="store_true", help="CUDA: TF32 matmuls for fp32 (faster, not exact)")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=d.share_weights,
-                   help="CPU: one copy of the weights for all sessions; --no-share-weights: a copy each, "
-                        "more memory but Qwen3-ASR decodes about a third faster (docs/benchmarks.md)")
+                   help="CPU: the sessions share one copy of the weights; --no-share-weights: a copy each "
+                        "(more memory; SenseVoice's ladder runs 10-15%% faster, docs/benchmarks.md)")
     p.add_argument("--vad-aggressiveness", type=int, default=d.vad_aggressiveness, help="webrtcvad mode 0-3")
     p.add_argument("--end-silence", type=float, default=d.end_silence, help="seconds of silence that end a segment")
     p.add_argument("--pre-roll", type=float, default=d.pre_roll, help="seconds kept before speech starts")

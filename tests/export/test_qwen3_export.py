@@ -117,19 +117,25 @@ def test_a_step_does_not_depend_on_the_cache_length(model_dir, precision):
 
 def test_prefill_and_step_share_their_decoder_weights_on_the_cpu(model_dir):
     """The export names weights by content, so the engine hands prefill and step one copy of the decoder's
-    (the same transcript as with a copy each, ONNX Runtime ignoring the names a graph lacks)."""
+    weights that no kernel prepacks (the token embedding above all); each keeps its own MatMul weights,
+    prepacked. The same transcript as with a copy each (ONNX Runtime ignoring the names a graph lacks)."""
     from pipeline.engine import Engine, EngineOptions
     from pipeline.initializers import read_initializers
     from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 
-    graphs = read_model_directory(model_dir).manifest.graphs["int8"]
+    manifest = read_model_directory(model_dir).manifest
+    graphs = manifest.graphs["int8"]
     prefill, step = (read_initializers(model_dir / graphs[g]) for g in ("prefill", "step"))
     assert all(name.startswith(CONTENT_NAME_PREFIX) for name in [*prefill, *step])
     common = set(prefill) & set(step)
     assert sum(prefill[n].nbytes for n in common) > 0.9 * sum(a.nbytes for a in step.values())
+    unpacked = set(read_initializers(model_dir / graphs["step"], skip_prepacked=True))
     audio = deterministic_waveform(3.3, seed=5)
     shared, separate = (Engine(model_dir, EngineOptions(device="cpu", precision="int8", share_weights=s)).load()
                         for s in (True, False))
-    assert set(shared._sessions["step"].weights) == set(shared._sessions["prefill"].weights) >= common
+    given = set(shared._sessions["step"].weights)
+    assert given == set(shared._sessions["prefill"].weights) == common & unpacked
+    embedding = max(common & unpacked, key=lambda n: step[n].nbytes)
+    assert embedding in given and step[embedding].shape[0] == manifest.dimensions["vocab_size"]
     assert not separate._sessions["step"].weights and not shared._sessions["encoder"].weights
     assert shared.transcribe(audio) == separate.transcribe(audio)

@@ -33,6 +33,19 @@ def test_exported_int8_graph(tiny_model_dir):
     assert any(a.dtype == np.int8 for a in got.values())
 
 
+def test_skip_prepacked_leaves_out_the_weights_a_kernel_prepacks(tiny_model_dir):
+    """MatMulInteger's weights (input 1) are left out; shared, a session would run them unpacked. What a
+    Gather or an elementwise op reads stays."""
+    path = tiny_model_dir / "model.int8.onnx"
+    graph = onnx.load(str(path)).graph
+    every = read_initializers(path, min_bytes=0)
+    kept = read_initializers(path, min_bytes=0, skip_prepacked=True)
+    prepacked = {n.input[1] for n in graph.node if n.op_type in ("MatMulInteger", "MatMul", "Gemm", "Conv")}
+    assert prepacked & set(every), "the int8 graph has prepacked weights to leave out"
+    assert set(kept) == set(every) - prepacked
+    assert any(n.op_type != "MatMulInteger" and n.input and n.input[0] in kept for n in graph.node)
+
+
 def test_not_an_onnx_file(tmp_path):
     bad = tmp_path / "x.onnx"
     bad.write_bytes(b"\x00\x01garbage")
