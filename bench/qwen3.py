@@ -1,11 +1,11 @@
 """`python -m bench qwen3 DIR`: CPU figures of a Qwen3-ASR model directory at its serving shapes.
 
 The engine's own sessions (pipeline/qwen3_engine.py: the manifest's fixed shapes; prefill and step sharing
-one copy of the decoder's weights unless --no-share-weights), as served. Printed (one JSON object): encoder seconds per container,
-prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
-clip of --seconds, and the peak RSS of this process. Each stage is timed around its own session calls
-(best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random
-weights never stop early, so the utterance decodes exactly --tokens tokens.
+one copy of the decoder's weights unless --no-share-weights), as served. Printed (one JSON object):
+encoder seconds per container, prefill seconds, milliseconds per decoded token, the whole utterance
+(encoder + prefill + tokens) for a clip of --seconds, and the peak RSS of this process. Each stage is
+timed around its own session calls (best run of --repeat), never as a difference of two whole runs, which
+noise can make negative. Random weights never stop early, so the utterance decodes exactly --tokens tokens.
 """
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     whole, encoder, prefill, ms_per_token = (min(figure) for figure in zip(*runs))
     figures = {
         "precision": args.precision, "share_weights": args.share_weights,
-        "container_seconds": shapes.container_samples / 16000, "prompt_slots": shapes.prompt_slots, "cache_slots": shapes.cache_slots,
+        "container_seconds": shapes.container_samples / 16000, "prompt_slots": shapes.prompt_slots,
+        "cache_slots": shapes.cache_slots,
         "encoder_s": encoder, "prefill_s": prefill, "ms_per_token": ms_per_token,
         f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": tokens,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

@@ -21,9 +21,9 @@ _DTYPES = {
 }
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # Operators whose CPU kernels prepack a constant weight (input 1, B or W) into their own layout when the
-# session is created. A weight given with add_initializer is not prepacked (the Python API has no shared
-# prepacked-weights container): the kernel then works from the plain layout on every run, 14-33 % slower
-# for Qwen3-ASR's int8 decoder (docs/benchmarks.md).
+# session is created. Shared with add_initializer, such a weight is either packed again by each session
+# (the Python API has no shared prepacked-weights container) or, with prepacking off, used unpacked on
+# every run: a quarter slower per token for Qwen3-ASR's int8 decoder (docs/benchmarks.md).
 _PREPACKING_OPS = frozenset({"MatMul", "MatMulInteger", "Gemm", "DynamicQuantizeMatMul", "MatMulNBits",
                              "FusedMatMul", "Conv", "ConvInteger", "QLinearMatMul", "QLinearConv"})
 
@@ -130,7 +130,7 @@ def _prepacked_names(graph: memoryview) -> set[str]:
 def read_initializers(path: str | Path, min_bytes: int = 1024,
                       skip_prepacked: bool = False) -> dict[str, np.ndarray]:
     """The dense initializers of the ONNX graph at `path` at least `min_bytes` large, by name; with
-    `skip_prepacked`, not those a CPU kernel prepacks (_PREPACKING_OPS), which are faster left to each session.
+    `skip_prepacked`, not those a CPU kernel prepacks (_PREPACKING_OPS): each session keeps its own.
 
     Small tensors (shape constants, scalars) are left out: they are cheap and some are folded away by
     ONNX Runtime's graph optimisations. Raises ValueError (or OSError) on a file that is not an ONNX model.

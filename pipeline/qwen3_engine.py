@@ -42,8 +42,8 @@ def create_qwen3_sessions(model: ModelDirectory, precision: str, config: Provide
     shapes, overrides = Qwen3Shapes.from_dimensions(dims), serving_overrides(dims)
     decoder: SharedWeights = {}
     if share_weights and config.device == "cpu":  # add_initializer keeps host arrays
-        # Not the MatMul weights: each session prepacks its own (shared, they would run unpacked, 14-33 %
-        # slower per token); the rest, mostly the 0.6 GB token embedding, is one copy (docs/benchmarks.md).
+        # Not the MatMul weights: each session prepacks its own (shared, they ran unpacked: a quarter slower
+        # per token); the rest, mostly the 0.6 GB token embedding, is one copy (docs/benchmarks.md).
         weights = load_shared_weights(model.path / graphs[PREFILL], skip_prepacked=True)
         decoder = {name: weight for name, weight in weights.items() if name.startswith(CONTENT_NAME_PREFIX)}
     return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads,

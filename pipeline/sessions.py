@@ -82,7 +82,8 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
                    overrides: dict[str, int] | None = None, prepack: bool = False) -> SessionRunner:
     """One session of the grid (`tokens` > 0: a Paraformer decoder's, for that many token rows; `size` 0: one
     session for every shape of the grid, see runner_on; `graph` and `overrides`: which graph of a several-graph
-    family, and its free axes' sizes; `prepack`: see session_options); ModelLoadError (the graph) or ProviderError (the device) when it fails."""
+    family, and its free axes' sizes; `prepack`: see session_options); ModelLoadError (the graph) or
+    ProviderError (the device) when it fails."""
     try:
         session = ort.InferenceSession(str(path), session_options(batch, size, config, threads, shared, tokens,
                                                                   overrides, prepack),
