@@ -217,6 +217,9 @@ class FileTranscription:
             await producer  # its error, if any
         finally:
             producer.cancel()
+            while not pending.empty():  # segments after a failure: their results would go unread
+                if (left := pending.get_nowait()) is not None:
+                    left.cancel()
         if not self._samples:  # a header promising frames that are not there
             raise invalid_file(AudioFormatError(f"The {form.filename} file contains no samples."))
         duration = self._samples / SAMPLE_RATE
