@@ -1,8 +1,8 @@
 """`python -m bench qwen3 DIR`: CPU figures of a Qwen3-ASR model directory at its serving shapes.
 
-The engine's own sessions (pipeline/qwen3_engine.py: the manifest's fixed shapes; prefill and step sharing
-one copy of the decoder's weights unless --no-share-weights), as served. Printed (one JSON object):
-encoder seconds per container, prefill seconds, milliseconds per decoded token, the whole utterance
+The engine's own sessions (pipeline/qwen3_engine.py: the CPU's ladder of containers, or --containers;
+prefill and step sharing one copy of the decoder's weights unless --no-share-weights), as served: the clip
+runs in the smallest container that holds it. Printed (one JSON object): encoder seconds per container, prefill seconds, milliseconds per decoded token, the whole utterance
 (encoder + prefill + tokens) for a clip of --seconds, and the peak RSS of this process. Each stage is
 timed around its own session calls (best run of --repeat), never as a difference of two whole runs, which
 noise can make negative. Random weights never stop early, so the utterance decodes exactly --tokens tokens.
@@ -16,8 +16,8 @@ import time
 
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import provider_config
-from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
-from pipeline.qwen3_engine import create_qwen3_sessions
+from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder
+from pipeline.qwen3_engine import create_qwen3_sessions, qwen3_ladder
 
 from export.onnx_export import deterministic_waveform
 from export.sensevoice import user_path
@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="utterance length (default 10)")
     parser.add_argument("--tokens", type=int, default=24, help="tokens to decode (default 24)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept (default 3)")
+    parser.add_argument("--containers", type=lambda t: tuple(float(c) for c in t.split(",")), default=None,
+                        help="container lengths in seconds, rounded up to whole attention windows (default: "
+                             "every whole number of windows up to the export's, as the server on the CPU)")
     parser.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=True,
                         help="prefill and step share the decoder's weights, as the server's default (default on)")
 
@@ -55,15 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     directory = read_model_directory(args.model_dir)
     dims = directory.manifest.dimensions
-    shapes = Qwen3Shapes.from_dimensions(dims)
-    runners = create_qwen3_sessions(directory, args.precision, provider_config("cpu"), 0, 0, args.share_weights)
+    ladder = qwen3_ladder(dims, "cpu", args.containers)
+    if not 0 < args.seconds * 16000 <= ladder[-1].container_samples or args.tokens < 2:
+        raise ValueError(f"--seconds must fit the {ladder[-1].container_samples / 16000:g} s container "
+                         "and --tokens be >= 2")
+    shapes = next(s for s in ladder if s.container_samples >= args.seconds * 16000)
+    runners = create_qwen3_sessions(directory, args.precision, provider_config("cpu"), 0, 0, ladder,
+                                    args.share_weights)
     decoder = Qwen3Decoder({}, dims["prompt"], shapes)
-    if not 0 < args.seconds * 16000 <= shapes.container_samples or args.tokens < 2:
-        raise ValueError(f"--seconds must fit the {shapes.container_samples / 16000:g} s container and --tokens be >= 2")
     audio = deterministic_waveform(args.seconds, seed=3)
 
-    decoder.sessions = {name: TimedSession(r.session) for name, r in runners.items()}  # `runners` keeps the
-    # shared weights alive
+    decoder.sessions = {graph: TimedSession(runners[(graph, shapes.container_samples)].session)
+                        for graph in (ENCODER, PREFILL, STEP)}  # `runners` keeps the shared weights alive
     runs = []
     for _ in range(args.repeat):
         for timed in decoder.sessions.values():

@@ -51,10 +51,10 @@ from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choo
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
-from .qwen3_engine import ARCHITECTURE as QWEN3, create_qwen3_sessions, transcribe_qwen3, warm_up_qwen3
+from .qwen3_engine import ARCHITECTURE as QWEN3, build_qwen3, transcribe_qwen3, warm_up_qwen3
 from .providers import PROVIDERS, SessionRunner, devices_to_try, is_device_failure, provider_config
 from .sessions import create_session, load_shared_weights, process_rss, release_free_memory, runner_on
-from .shapes import ShapePolicy
+from .shapes import ShapePolicy, format_containers
 
 __all__ = ["PRECISION_CHOICES", "WARMUP_FILL", "Engine", "EngineOptions", "EngineStats", "choose_precision",
            "default_containers"]
@@ -83,7 +83,9 @@ class Engine:
         self.paraformer = self.model.manifest.architecture == "paraformer"
         self.qwen3 = self.model.manifest.architecture == QWEN3  # neither: a CTC model (SenseVoice)
         self.word_times = not self.qwen3  # whether transcripts time their words (Qwen3's decoder does not)
-        self._sessions: dict[tuple[int, int], SessionRunner] = {}  # (batch, container samples) -> session
+        # (batch, container samples) -> session; a Qwen3-ASR's: (graph, container samples) -> runner
+        self._sessions: dict[tuple, SessionRunner] = {}
+        self._qwen3_shapes: dict = {}  # a Qwen3-ASR's container samples -> its Qwen3Shapes
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
         self._decoder: DecoderGrid | None = None  # a Paraformer's second stage (pipeline/paraformer_stages.py)
         self._speller: Speller | None = None  # hotword spelling, made on first use
@@ -121,22 +123,19 @@ class Engine:
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
-        if self.qwen3:  # one container: the export's (pipeline/qwen3_engine.py)
-            policy = ShapePolicy((self.model.manifest.container_seconds,))
-        else:
-            policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
-        # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
-        batch_sizes = (1,) if self.paraformer or self.qwen3 else choose_batch_sizes(self.options.batch_sizes, device, precision)
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
                                  self.options.allow_tf32, self.options.dml_performance_preference)
-        if self.qwen3:
-            self._sessions = create_qwen3_sessions(self.model, precision, config, self.options.threads,
-                                                   self.options.device_id or 0, self.options.share_weights)
-            self.policy, self.batch_sizes, self.device, self.provider, self.precision = (
-                policy, batch_sizes, device, config.provider, precision)
-            log.info("engine: %s, %s graphs %s, container %g s, batch 1", self.provider, precision,
-                     ", ".join(self.model.manifest.graphs[precision].values()), policy.containers[0])
+        if self.qwen3:  # a ladder of whole attention windows, three graphs each (pipeline/qwen3_engine.py)
+            self._sessions, self._qwen3_shapes = build_qwen3(self.model, precision, config, self.options)
+            self.policy = ShapePolicy(tuple(samples_to_seconds(size) for size in self._qwen3_shapes))
+            self.batch_sizes, self.device, self.provider, self.precision = (1,), device, config.provider, precision
+            log.info("engine: %s, %s graphs %s, containers %s s, batch 1", self.provider, precision,
+                     ", ".join(self.model.manifest.graphs[precision].values()),
+                     format_containers(self.policy.containers))
             return
+        policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
+        # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
+        batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
         grid = [(b, size) for size in policy.sizes for b in batch_sizes]
         # A Paraformer on the CPU: one prepacked session per graph serves the grid (sessions.runner_on).
         one_session = self.paraformer and self.options.share_weights and device == "cpu"
@@ -181,7 +180,8 @@ class Engine:
         """Run each session once with exactly its shape; afterwards the engine is ready."""
         if self.qwen3:
             t = time.perf_counter()
-            warm_up_qwen3(self.model, self._sessions, functools.partial(self._infer, warming=True), WARMUP_FILL)
+            warm_up_qwen3(self.model, self._sessions, functools.partial(self._infer, warming=True),
+                          list(self._qwen3_shapes.values()), WARMUP_FILL)
             log.info("warmed encoder, prefill and step in %.2f s", time.perf_counter() - t)
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
@@ -318,11 +318,13 @@ class Engine:
             raise InferenceError("the engine is not loaded and warmed; call load() first")
         audio = np.asarray(audio, dtype=np.float32)
         try:
-            self.policy.container_for(len(audio))  # type: ignore[union-attr]
+            size = self.policy.container_for(len(audio))  # type: ignore[union-attr]
         except ValueError as exc:
             self.stats.failures += 1
             raise InferenceError(str(exc), samples=len(audio)) from None
-        transcript = transcribe_qwen3(self.model, self._sessions, self._infer, audio)
+        if not all(runner.warmed for (_, samples), runner in self._sessions.items() if samples == size):
+            self._refuse_unwarmed(f"{size} samples", ",".join(map(str, self._qwen3_shapes)), samples=size)
+        transcript = transcribe_qwen3(self.model, self._sessions, self._infer, self._qwen3_shapes[size], audio)
         self.stats.rows += 1
         return transcript
 

@@ -55,10 +55,20 @@ def audio_slots(dims: dict, shapes: Qwen3Shapes) -> int:
     return shapes.container_samples // window * window_tokens
 
 
-def serving_overrides(dims: dict) -> dict[str, dict[str, int]]:
-    """Graph -> the sizes of its free axes at the manifest's shapes (the encoder's axis is named by
-    torch.export as "<window samples>*windows" and is fixed at the container's samples)."""
-    shapes = Qwen3Shapes.from_dimensions(dims)
+def rung_shapes(dims: dict, windows: int) -> Qwen3Shapes:
+    """The shapes of a container of `windows` attention windows: the prompt holds exactly their audio
+    tokens, the cache that prompt and the manifest's max_new_tokens (the manifest's own shapes at its
+    container)."""
+    window, window_tokens = window_geometry(dims)
+    top = Qwen3Shapes.from_dimensions(dims)
+    prompt = len(dims["prompt"]["prefix"]) + windows * window_tokens + len(dims["prompt"]["suffix"])
+    return Qwen3Shapes(windows * window, prompt, prompt + top.max_new_tokens, top.max_new_tokens)
+
+
+def serving_overrides(dims: dict, shapes: Qwen3Shapes | None = None) -> dict[str, dict[str, int]]:
+    """Graph -> the sizes of its free axes at `shapes` (default: the manifest's; the encoder's axis is
+    named by torch.export as "<window samples>*windows" and is fixed at the container's samples)."""
+    shapes = shapes or Qwen3Shapes.from_dimensions(dims)
     window, _ = window_geometry(dims)
     return {ENCODER: {f"{window}*windows": shapes.container_samples},
             PREFILL: {"prompt": shapes.prompt_slots, "audio_tokens": audio_slots(dims, shapes)},

@@ -1,26 +1,31 @@
-"""Qwen3-ASR as the engine's third family: its three sessions at the manifest's fixed shapes.
+"""Qwen3-ASR as the engine's third family: its three graphs on a ladder of fixed shapes.
 
 The engine (pipeline/engine.py) keeps its contract: load() creates and warms every session, a clip that
-outgrows the container is an InferenceError, each session run goes through the engine's counted,
-fault-checked `_infer`. What differs from the one-graph families: one container (the export's, a whole
-number of attention windows), batch 1, and three sessions (encoder, prefill, step) instead of a grid;
-every free axis is fixed by a free-dimension override, so no call can run at a shape that was not warmed.
+outgrows the largest container is an InferenceError, each session run goes through the engine's counted,
+fault-checked `_infer`. What differs from the one-graph families: the containers are whole numbers of
+attention windows up to the export's (qwen3_ladder), batch 1, and three graphs (encoder, prefill, step)
+instead of one; each container has its three runners, warmed at its shapes, so no call runs at a shape
+that was not warmed.
 A clip is decoded greedily (pipeline/qwen3_decoding.py) and its tokens become a Transcript
 (pipeline/qwen3_text.py). A partial decodes the open segment like a final.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
 
+from .audio import SAMPLE_RATE
 from .decoding import Transcript
+from .engine_options import EngineOptions
 from .errors import ModelLoadError
 from .modeldir import ModelDirectory
 from .providers import ProviderConfig, SessionRunner
-from .qwen3_decoding import ENCODER, GRAPHS, PREFILL, Qwen3Decoder, Qwen3Shapes, serving_overrides
+from .qwen3_decoding import (ENCODER, GRAPHS, PREFILL, Qwen3Decoder, Qwen3Shapes, rung_shapes, serving_overrides,
+                             window_geometry)
 from .qwen3_text import qwen3_transcript
-from .sessions import SharedWeights, create_session, load_shared_weights
+from .sessions import SharedWeights, create_session, load_shared_weights, runner_on
 
 ARCHITECTURE = "qwen3-asr"
 # Exports name prefill's and step's weights by their content (export/qwen3_asr.py), so a name both graphs
@@ -29,27 +34,65 @@ CONTENT_NAME_PREFIX = "sha1_"
 WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
 
 
+def qwen3_ladder(dims: dict, device: str, containers: tuple[float, ...] | None = None) -> list[Qwen3Shapes]:
+    """The containers a clip may run in, each a whole number of attention windows, up to the export's.
+    On the CPU, by default, every whole number of windows: a short clip pays for its own windows and prompt,
+    not the whole container's, and decodes exactly as it would in the whole container (padding invariance:
+    `verify`). Elsewhere the export's container alone: one shape to compile. `containers` (seconds) are
+    rounded up to whole windows; the export's container is always one (the segmenter cuts to it)."""
+    top = Qwen3Shapes.from_dimensions(dims)
+    window, _ = window_geometry(dims)
+    most = top.container_samples // window
+    if containers:
+        counts = {min(most, max(1, math.ceil(c * SAMPLE_RATE / window))) for c in containers}
+    else:
+        counts = set(range(1, most)) if device == "cpu" else set()
+    return [rung_shapes(dims, k) for k in sorted(counts - {most})] + [top]
+
+
 def create_qwen3_sessions(model: ModelDirectory, precision: str, config: ProviderConfig, threads: int,
-                          device_id: int, share_weights: bool = True) -> dict[str, SessionRunner]:
-    """Graph name -> its session, every free axis fixed at the manifest's shapes; on the CPU prefill and
-    step use one copy of the decoder's weights that no kernel prepacks (ONNX Runtime ignores a shared name
-    a graph lacks)."""
+                          device_id: int, ladder: list[Qwen3Shapes],
+                          share_weights: bool = True) -> dict[tuple[str, int], SessionRunner]:
+    """(graph name, container samples) -> its runner for each container of `ladder`, every free axis at
+    that container's shapes. On the CPU one session per graph serves the whole ladder (it compiles nothing
+    per shape, and each prepacked weight is held once; sessions.runner_on), and prefill and step use one
+    copy of the decoder's weights that no kernel prepacks (ONNX Runtime ignores a shared name a graph
+    lacks). On a GPU a session per graph and container, each fixed at its shapes."""
     graphs = model.manifest.graphs.get(precision)
     if not graphs or set(graphs) != set(GRAPHS):
         raise ModelLoadError(f"{model.path}: the manifest names no {precision} {', '.join(GRAPHS)} graphs",
                              precision=precision)
     dims = model.manifest.dimensions
-    shapes, overrides = Qwen3Shapes.from_dimensions(dims), serving_overrides(dims)
     decoder: SharedWeights = {}
     if share_weights and config.device == "cpu":  # add_initializer keeps host arrays
         # Not the MatMul weights: each session prepacks its own (shared, they ran unpacked: a quarter slower
         # per token); the rest, mostly the 0.6 GB token embedding, is one copy (docs/benchmarks.md).
         weights = load_shared_weights(model.path / graphs[PREFILL], skip_prepacked=True)
         decoder = {name: weight for name, weight in weights.items() if name.startswith(CONTENT_NAME_PREFIX)}
-    return {graph: create_session(model.path / graphs[graph], 1, shapes.container_samples, config, threads,
-                                  {} if graph == ENCODER else decoder, device_id, ARCHITECTURE, graph=graph,
-                                  overrides=overrides[graph], prepack=True)
-            for graph in GRAPHS}
+    runners: dict[tuple[str, int], SessionRunner] = {}
+    for graph in GRAPHS:
+        path, shared = model.path / graphs[graph], {} if graph == ENCODER else decoder
+        if config.device == "cpu" and len(ladder) > 1:
+            base = create_session(path, 1, 0, config, threads, shared, device_id, ARCHITECTURE, graph=graph,
+                                  prepack=True)
+            for shapes in ladder:
+                runner = runners[(graph, shapes.container_samples)] = runner_on(base, 1, shapes.container_samples)
+                runner.weights = base.weights  # the shared arrays live as long as any runner
+            continue
+        for shapes in ladder:
+            runners[(graph, shapes.container_samples)] = create_session(
+                path, 1, shapes.container_samples, config, threads, shared, device_id, ARCHITECTURE, graph=graph,
+                overrides=serving_overrides(dims, shapes)[graph], prepack=True)
+    return runners
+
+
+def build_qwen3(model: ModelDirectory, precision: str, config: ProviderConfig,
+                options: EngineOptions) -> tuple[dict[tuple[str, int], SessionRunner], dict[int, Qwen3Shapes]]:
+    """The engine's runners (create_qwen3_sessions) on `config`'s device and its ladder, by container samples."""
+    ladder = qwen3_ladder(model.manifest.dimensions, config.device, options.containers)
+    runners = create_qwen3_sessions(model, precision, config, options.threads, options.device_id or 0, ladder,
+                                    options.share_weights)
+    return runners, {shapes.container_samples: shapes for shapes in ladder}
 
 
 class GraphRun:
@@ -62,24 +105,27 @@ class GraphRun:
         return self.infer(self.runner, feed, self.runner.output_names)
 
 
-def qwen3_decoder(model: ModelDirectory, sessions: dict[str, SessionRunner], infer: Callable) -> Qwen3Decoder:
-    dims = model.manifest.dimensions
-    return Qwen3Decoder({g: GraphRun(s, infer) for g, s in sessions.items()}, dims["prompt"],
-                        Qwen3Shapes.from_dimensions(dims))
+def qwen3_decoder(model: ModelDirectory, runners: dict[tuple[str, int], SessionRunner], infer: Callable,
+                  shapes: Qwen3Shapes) -> Qwen3Decoder:
+    """The decoder at one container of the ladder, its runs through the engine's `infer`."""
+    return Qwen3Decoder({g: GraphRun(runners[(g, shapes.container_samples)], infer) for g in GRAPHS},
+                        model.manifest.dimensions["prompt"], shapes)
 
 
-def warm_up_qwen3(model: ModelDirectory, sessions: dict[str, SessionRunner], infer: Callable, fill: float) -> None:
-    """Run encoder, prefill and one step at their shapes (a clip of `fill` x the container, zeros) through
-    the engine's warming `infer`; then every session is warmed."""
-    decoder = qwen3_decoder(model, sessions, infer)
-    container = np.zeros((1, decoder.shapes.container_samples), np.float32)
-    decoder.decode_container(container, int(decoder.shapes.container_samples * fill), WARMUP_TOKENS,
-                             ignore_eos=True)
-    for session in sessions.values():
-        session.warmed = True
+def warm_up_qwen3(model: ModelDirectory, runners: dict[tuple[str, int], SessionRunner], infer: Callable,
+                  ladder: list[Qwen3Shapes], fill: float) -> None:
+    """Run encoder, prefill and one step at each container's shapes (a clip of `fill` x the container,
+    zeros) through the engine's warming `infer`; then every runner is warmed."""
+    for shapes in ladder:
+        decoder = qwen3_decoder(model, runners, infer, shapes)
+        container = np.zeros((1, shapes.container_samples), np.float32)
+        decoder.decode_container(container, int(shapes.container_samples * fill), WARMUP_TOKENS, ignore_eos=True)
+    for runner in runners.values():
+        runner.warmed = True
 
 
-def transcribe_qwen3(model: ModelDirectory, sessions: dict[str, SessionRunner], infer: Callable,
-                     audio: np.ndarray) -> Transcript:
-    """One clip (it fits the container) decoded greedily through the engine's `infer`; no token times."""
-    return qwen3_transcript(qwen3_decoder(model, sessions, infer).decode(audio).tokens, model.tokens)
+def transcribe_qwen3(model: ModelDirectory, runners: dict[tuple[str, int], SessionRunner], infer: Callable,
+                     shapes: Qwen3Shapes, audio: np.ndarray) -> Transcript:
+    """One clip (it fits `shapes`' container) decoded greedily through the engine's `infer`; no token
+    times."""
+    return qwen3_transcript(qwen3_decoder(model, runners, infer, shapes).decode(audio).tokens, model.tokens)

@@ -25,19 +25,26 @@ def engine(qwen3_model_dir):
     return Engine(qwen3_model_dir, EngineOptions(device="cpu")).load()
 
 
-def test_engine_serves_three_warmed_graphs_at_fixed_shapes(engine, speech):
-    assert engine.ready and engine.precision == "int8" and engine.containers == (8.0,)
-    for runner in engine._sessions.values():  # every axis fixed: no call can run at a shape not warmed
+def test_engine_serves_three_warmed_graphs_at_fixed_shapes(engine, qwen3_model_dir, speech):
+    """On the CPU the containers are every whole number of attention windows up to the export's (2 s
+    windows in the tiny geometry); a clip runs in the smallest that holds it and gives exactly the text it
+    gives in the export's container alone, the GPUs' one fixed shape."""
+    assert engine.ready and engine.precision == "int8" and engine.containers == (2.0, 4.0, 6.0, 8.0)
+    whole = Engine(qwen3_model_dir, EngineOptions(device="cpu", containers=(8.0,))).load()
+    assert whole.containers == (8.0,)
+    for runner in whole._sessions.values():  # one container: every axis fixed by the overrides
         assert all(isinstance(d, int) for i in runner.session.get_inputs() for d in i.shape)
-    clip = speech.audio[: int(2.5 * SAMPLE_RATE)]
-    alone = engine.transcribe(clip)
     calls = engine.stats.calls
-    assert alone.text and engine.transcribe(clip) == alone  # the same clip, the same text
-    assert engine.stats.calls == calls * 2 and engine.stats.unwarmed_calls == 0
+    for seconds in (1.5, 2.5, 5.0, 7.9):  # one clip in each container
+        clip = speech.audio[: int(seconds * SAMPLE_RATE)]
+        alone = engine.transcribe(clip)
+        assert alone.text and alone == whole.transcribe(clip) == engine.transcribe(clip)
+        assert engine.stats.last_container == engine.policy.container_for(len(clip))
+    assert engine.stats.calls > calls and engine.stats.unwarmed_calls == 0
     with pytest.raises(InferenceError, match="longer than the largest container"):
         engine.transcribe(np.zeros(9 * SAMPLE_RATE, np.float32))
     with pytest.raises(InferenceError, match="no per-frame outputs"):
-        engine.run(clip)
+        engine.run(speech.audio[: 2 * SAMPLE_RATE])
     with pytest.raises(ProtocolError, match="hotwords need a CTC model"):
         engine.hotword_graph(parse_hotwords(["window"]))
 
