@@ -161,3 +161,25 @@ def wav_bytes(audio: np.ndarray) -> bytes:
     wav = io.BytesIO()
     soundfile.write(wav, np.clip(np.round(audio * 32767), -32768, 32767).astype(np.int16), SAMPLE_RATE, format="WAV")
     return wav.getvalue()
+
+
+@pytest.mark.parametrize("device, containers, expected", [
+    ("cpu", None, (2.0, 4.0, 6.0, 8.0)),  # every whole number of 2 s windows
+    ("cuda", None, (8.0,)),  # one shape to compile
+    ("directml", None, (8.0,)),
+    ("cpu", (3.0, 5.0), (4.0, 6.0, 8.0)),  # rounded up to whole windows; the export's is always one
+    ("cpu", (0.5, 20.0), (2.0, 8.0)),  # at least one window, at most the export's container
+    ("cuda", (4.0,), (4.0, 8.0)),
+])
+def test_ladder_of_whole_windows(qwen3_model_dir, device, containers, expected):
+    from pipeline.modeldir import read_model_directory
+    from pipeline.qwen3_decoding import Qwen3Shapes
+    from pipeline.qwen3_engine import qwen3_ladder
+
+    dims = read_model_directory(qwen3_model_dir).manifest.dimensions
+    ladder = qwen3_ladder(dims, device, containers)
+    assert tuple(s.container_samples / SAMPLE_RATE for s in ladder) == expected
+    assert ladder[-1] == Qwen3Shapes.from_dimensions(dims)
+    for shapes in ladder:  # each prompt holds its windows' audio tokens; each cache that and max_new_tokens
+        assert shapes.cache_slots - shapes.prompt_slots == shapes.max_new_tokens
+    assert [s.prompt_slots for s in ladder] == sorted({s.prompt_slots for s in ladder})
