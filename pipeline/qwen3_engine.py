@@ -57,7 +57,7 @@ def create_qwen3_sessions(model: ModelDirectory, precision: str, config: Provide
     that container's shapes. On the CPU one session per graph serves the whole ladder (it compiles nothing
     per shape, and each prepacked weight is held once; sessions.runner_on), and prefill and step use one
     copy of the decoder's weights that no kernel prepacks (ONNX Runtime ignores a shared name a graph
-    lacks). On a GPU a session per graph and container, each fixed at its shapes."""
+    lacks). On a GPU, or for one container, a session per graph and container, fixed at its shapes."""
     graphs = model.manifest.graphs.get(precision)
     if not graphs or set(graphs) != set(GRAPHS):
         raise ModelLoadError(f"{model.path}: the manifest names no {precision} {', '.join(GRAPHS)} graphs",
