@@ -2,10 +2,11 @@
 
 The engine's own sessions (pipeline/qwen3_engine.py: the CPU's ladder of containers, or --containers;
 prefill and step sharing one copy of the decoder's weights unless --no-share-weights), as served: the clip
-runs in the smallest container that holds it. Printed (one JSON object): encoder seconds per container, prefill seconds, milliseconds per decoded token, the whole utterance
-(encoder + prefill + tokens) for a clip of --seconds, and the peak RSS of this process. Each stage is
-timed around its own session calls (best run of --repeat), never as a difference of two whole runs, which
-noise can make negative. Random weights never stop early, so the utterance decodes exactly --tokens tokens.
+runs in the smallest container that holds it. Printed (one JSON object): encoder seconds per container,
+prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
+clip of --seconds, and the peak RSS of this process. Each stage is timed around its own session calls
+(best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random
+weights never stop early, so the utterance decodes exactly --tokens tokens.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pipeline.modeldir import read_model_directory
 from pipeline.providers import provider_config
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder
 from pipeline.qwen3_engine import create_qwen3_sessions, qwen3_ladder
+from pipeline.shapes import parse_containers
 
 from export.onnx_export import deterministic_waveform
 from export.sensevoice import user_path
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="utterance length (default 10)")
     parser.add_argument("--tokens", type=int, default=24, help="tokens to decode (default 24)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept (default 3)")
-    parser.add_argument("--containers", type=lambda t: tuple(float(c) for c in t.split(",")), default=None,
+    parser.add_argument("--containers", type=parse_containers, default=None,
                         help="container lengths in seconds, rounded up to whole attention windows (default: "
                              "every whole number of windows up to the export's, as the server on the CPU)")
     parser.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=True,

@@ -72,14 +72,14 @@ def add_decoding_to_file(path: Path, k: int = DEFAULT_TOP_K) -> int:
     0 for a graph without CTC log-probs (left as it is)."""
     import onnx
 
-    from .onnx_export import external_data_file, load_graph, save_graph  # here: onnx_export imports this module
+    from .onnx_export import load_graph, save_graph  # here: onnx_export imports this module
 
     model = load_graph(path)
     if "logprobs" not in {o.name for o in model.graph.output}:
         return 0  # not a CTC graph (Paraformer outputs its tokens already): nothing to add
     model = add_decoding_outputs(model, k)
     onnx.checker.check_model(model, full_check=False)
-    save_graph(model, path, external=external_data_file(path).exists())
+    save_graph(model, path)
     return next(int(d.dim_value) for o in model.graph.output if o.name == DECODING_OUTPUT_NAMES[2]
                 for d in o.type.tensor_type.shape.dim[2:])
 

@@ -92,13 +92,15 @@ def external_data_file(path: Path) -> Path:
     return path.parent / f"{path.name}.data"
 
 
-def save_graph(model: "onnx.ModelProto", path: Path, external: bool) -> None:
-    """onnx.save_model over an existing graph: its weights in one external file when `external`, written
-    afresh (onnx refuses to write over one: FileExistsError) and readable by whoever may read the graph
-    (onnx creates it private, 0600: a model exported by an administrator was unreadable to its service)."""
+def save_graph(model: "onnx.ModelProto", path: Path) -> None:
+    """onnx.save_model over the graph at `path`, keeping its layout: its weights in one external file when
+    it had one, written afresh (onnx refuses to write over one: FileExistsError) and readable by whoever may
+    read the graph (onnx creates it private, 0600: a model exported by an administrator was unreadable to
+    its service)."""
     import onnx
 
     data = external_data_file(path)
+    external = data.exists()
     data.unlink(missing_ok=True)
     onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)

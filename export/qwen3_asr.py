@@ -31,8 +31,7 @@ from pipeline.modeldir import ModelManifest
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 
-from .onnx_export import (OPSET, external_data_file, needs_external_data, quantize_int8, save_graph,
-                          write_graphs_atomically)
+from .onnx_export import OPSET, needs_external_data, quantize_int8, save_graph, write_graphs_atomically
 from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 
 DEFAULT_SEED = 20261124
@@ -117,7 +116,6 @@ def name_weights_by_content(path: Path) -> None:
     import onnx
     from onnx import numpy_helper
 
-    external = external_data_file(path).exists()
     model = onnx.load(str(path))  # external data included: it is written again below
     renamed, kept = {}, {}
     for tensor in model.graph.initializer:
@@ -130,7 +128,7 @@ def name_weights_by_content(path: Path) -> None:
         node.input[:] = [renamed.get(name, name) for name in node.input]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept.values())
-    save_graph(model, path, external)
+    save_graph(model, path)
 
 
 def synthetic_tokens(dims) -> list[str]:

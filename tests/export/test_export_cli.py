@@ -308,12 +308,12 @@ def test_rewritten_external_weights_are_fresh_and_as_readable_as_the_graph(tmp_p
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "weight"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [weight])
-    path = tmp_path / "g.onnx"
-    onnx.save_model(helper.make_model(graph), str(path))
+    path, data = tmp_path / "g.onnx", external_data_file(tmp_path / "g.onnx")
+    onnx.save_model(helper.make_model(graph), str(path), save_as_external_data=True, location=data.name,
+                    size_threshold=1024)  # a graph past 2 GB, as torch.onnx writes it
     path.chmod(0o644)
     for _ in range(3):
-        save_graph(onnx.load(str(path)), path, external=True)
-    data = external_data_file(path)
+        save_graph(onnx.load(str(path)), path)
     assert data.stat().st_size == 64 * 64 * 4  # once, not three times
     assert data.stat().st_mode & 0o777 == 0o644
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -18,6 +18,17 @@ def pcm16(audio: np.ndarray) -> bytes:
     return np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2").tobytes()
 
 
+def wav16(audio: np.ndarray) -> bytes:
+    """A 16-bit WAV file of the very samples pcm16 sends (a random decoder flips on the last bit)."""
+    import io
+
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, np.frombuffer(pcm16(audio), "<i2"), SAMPLE_RATE, format="WAV")
+    return out.getvalue()
+
+
 async def http_get(base: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """One plain HTTP/1.1 GET; returns (status, lower-cased headers, body)."""
     parts = urlsplit(base)

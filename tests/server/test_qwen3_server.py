@@ -17,7 +17,7 @@ from pipeline.errors import InferenceError, ProtocolError
 from pipeline.hotwords import parse_hotwords
 from pipeline.qwen3_text import fix_repetitions, parse_output, token_text
 from server.protocol import Done, Final
-from server_testkit import http_get
+from server_testkit import http_get, wav16
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ async def test_partials_re_decode_the_open_segment(serve_test_server, qwen3_mode
 
 async def test_openai_upload_through_the_sdk(serve_test_server, qwen3_model_dir, speech):
     """The same segments give the same text through the OpenAI endpoint as through our own protocol."""
-    wav = wav_bytes(speech.audio)
+    wav = wav16(speech.audio)
     async with serve_test_server(qwen3_model_dir, token=TOKEN) as url:
         client = sdk(url)
         own = await own_protocol_text(url, speech.audio)
@@ -133,7 +133,7 @@ async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_d
             while event["type"] != "conversation.item.input_audio_transcription.completed":
                 event = json.loads(await asyncio.wait_for(ws.recv(), 60))
                 assert event["type"] != "error", event
-        upload = await sdk(url).audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav_bytes(clip)))
+        upload = await sdk(url).audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav16(clip)))
         assert event["transcript"] and event["transcript"] == upload.text
 
         async with websockets.connect(f"ws://127.0.0.1:{url.server.funasr_port}/", subprotocols=["binary"]) as ws:
@@ -151,16 +151,6 @@ async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_d
     assert len(offline) == len(speech.utterances) and all(m["text"] for m in offline), results
     assert all(json.loads(m.get("timestamp") or "[]") == [] for m in offline)
 
-
-def wav_bytes(audio: np.ndarray) -> bytes:
-    """The very samples our protocol sends as 16-bit PCM (a random decoder flips on the last bit)."""
-    import io
-
-    import soundfile
-
-    wav = io.BytesIO()
-    soundfile.write(wav, np.clip(np.round(audio * 32767), -32768, 32767).astype(np.int16), SAMPLE_RATE, format="WAV")
-    return wav.getvalue()
 
 
 @pytest.mark.parametrize("device, containers, expected", [
