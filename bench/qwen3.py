@@ -6,7 +6,8 @@ runs in the smallest container that holds it. Printed (one JSON object): encoder
 prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
 clip of --seconds, and the peak RSS of this process. Each stage is timed around its own session calls
 (best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random
-weights never stop early, so the utterance decodes exactly --tokens tokens.
+weights never stop early, so the utterance decodes exactly --tokens tokens. Also printed: the largest
+logit difference and whether the tokens agree with the same clip decoded in the largest container.
 """
 from __future__ import annotations
 
@@ -77,18 +78,24 @@ def run(args: argparse.Namespace) -> int:
         for timed in decoder.sessions.values():
             timed.reset()
         start = time.perf_counter()
-        tokens = len(decoder.decode(audio, args.tokens).tokens)
+        result = decoder.decode(audio, args.tokens)
         whole = time.perf_counter() - start
         steps = decoder.sessions[STEP]
         runs.append((whole, decoder.sessions[ENCODER].seconds, decoder.sessions[PREFILL].seconds,
                      1000 * steps.seconds / max(steps.calls, 1)))
     whole, encoder, prefill, ms_per_token = (min(figure) for figure in zip(*runs))
+    # The same clip in the largest container, the same sessions: what the ladder must not change.
+    largest = Qwen3Decoder({g: runners[(g, ladder[-1].container_samples)].session for g in (ENCODER, PREFILL, STEP)},
+                           dims["prompt"], ladder[-1]).decode(audio, args.tokens)
+    logits = [(result.first_logits, largest.first_logits), *zip(result.step_logits, largest.step_logits)]
     figures = {
         "precision": args.precision, "share_weights": args.share_weights,
         "container_seconds": shapes.container_samples / 16000, "prompt_slots": shapes.prompt_slots,
         "cache_slots": shapes.cache_slots,
         "encoder_s": encoder, "prefill_s": prefill, "ms_per_token": ms_per_token,
-        f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": tokens,
+        f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": len(result.tokens),
+        "largest_container_max_abs_diff": max(float(abs(a - b).max()) for a, b in logits),
+        "largest_container_tokens_equal": result.tokens == largest.tokens,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
     print(json.dumps(figures))

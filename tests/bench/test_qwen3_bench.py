@@ -16,3 +16,5 @@ def test_bench_prints_its_figures(qwen3_model_dir, sharing):
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["tokens"] == 4 and figures["encoder_s"] > 0 and figures["ms_per_token"] > 0
     assert figures["share_weights"] is (sharing == "--share-weights")
+    assert figures["container_seconds"] == 4.0  # 3 s in the tiny ladder's 4 s container
+    assert figures["largest_container_max_abs_diff"] == 0.0 and figures["largest_container_tokens_equal"]
