@@ -7,7 +7,8 @@ prefill seconds, milliseconds per decoded token, the whole utterance (encoder + 
 clip of --seconds, and the peak RSS of this process. Each stage is timed around its own session calls
 (best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random
 weights never stop early, so the utterance decodes exactly --tokens tokens. Also printed: the largest
-logit difference and whether the tokens agree with the same clip decoded in the largest container.
+logit difference and whether the tokens agree with the same clip decoded in the largest container over
+its whole cache from the first step.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import argparse
 import json
 import resource
 import time
+from dataclasses import replace
 
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import provider_config
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder
-from pipeline.qwen3_engine import create_qwen3_sessions, qwen3_ladder
+from pipeline.qwen3_engine import CPU_CACHE_STEP, create_qwen3_sessions, qwen3_ladder
 from pipeline.shapes import parse_containers
 
 from export.onnx_export import deterministic_waveform
@@ -56,15 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every whole number of windows up to the export's, as the server on the CPU)")
     parser.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=True,
                         help="prefill and step share the decoder's weights, as the server's default (default on)")
+    parser.add_argument("--cache-step", type=int, default=CPU_CACHE_STEP,
+                        help=f"the step's cache grows in this many slots; 0: the whole cache from the first step "
+                             f"(default {CPU_CACHE_STEP}, as the server on the CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
     directory = read_model_directory(args.model_dir)
     dims = directory.manifest.dimensions
-    ladder = qwen3_ladder(dims, "cpu", args.containers)
-    if not 0 < args.seconds * 16000 <= ladder[-1].container_samples or args.tokens < 2:
-        raise ValueError(f"--seconds must fit the {ladder[-1].container_samples / 16000:g} s container "
-                         "and --tokens be >= 2")
+    ladder = [replace(shapes, cache_step=args.cache_step) for shapes in qwen3_ladder(dims, "cpu", args.containers)]
+    if not 0 < args.seconds * 16000 <= ladder[-1].container_samples or args.tokens < 2 or args.cache_step < 0:
+        raise ValueError(f"--seconds must fit the {ladder[-1].container_samples / 16000:g} s container, "
+                         "--tokens be >= 2 and --cache-step >= 0")
     shapes = next(s for s in ladder if s.container_samples >= args.seconds * 16000)
     runners = create_qwen3_sessions(directory, args.precision, provider_config("cpu"), 0, 0, ladder,
                                     args.share_weights)
@@ -84,14 +89,15 @@ def run(args: argparse.Namespace) -> int:
         runs.append((whole, decoder.sessions[ENCODER].seconds, decoder.sessions[PREFILL].seconds,
                      1000 * steps.seconds / max(steps.calls, 1)))
     whole, encoder, prefill, ms_per_token = (min(figure) for figure in zip(*runs))
-    # The same clip in the largest container, the same sessions: what the ladder must not change.
+    # The same clip in the largest container and whole cache, the same sessions: what the ladder and the
+    # growing cache must not change.
     largest = Qwen3Decoder({g: runners[(g, ladder[-1].container_samples)].session for g in (ENCODER, PREFILL, STEP)},
-                           dims["prompt"], ladder[-1]).decode(audio, args.tokens)
+                           dims["prompt"], replace(ladder[-1], cache_step=0)).decode(audio, args.tokens)
     logits = [(result.first_logits, largest.first_logits), *zip(result.step_logits, largest.step_logits)]
     figures = {
         "precision": args.precision, "share_weights": args.share_weights,
         "container_seconds": shapes.container_samples / 16000, "prompt_slots": shapes.prompt_slots,
-        "cache_slots": shapes.cache_slots,
+        "cache_slots": shapes.cache_slots, "cache_step": shapes.cache_step,
         "encoder_s": encoder, "prefill_s": prefill, "ms_per_token": ms_per_token,
         f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": len(result.tokens),
         "largest_container_max_abs_diff": max(float(abs(a - b).max()) for a, b in logits),

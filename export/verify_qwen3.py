@@ -1,14 +1,17 @@
 """The Qwen3-ASR side of `python -m export verify`: padding invariance of the three graphs.
 
 Each test clip is decoded twice with pipeline/qwen3_decoding.py: alone, at the smallest shapes that hold it
-(its own whole attention windows, a prompt of exactly its length, a cache of exactly prompt + tokens), and
-served, at the manifest's fixed shapes (the container with random garbage after the clip, the padded
-prompt, the full cache). What must agree: the encoder's valid embeddings, the prefill logits, every step's
-logits (within verify's bounds) and the greedy tokens (exactly). Reported in verify.py's shape, so the
+(its own whole attention windows, a prompt of exactly its length, a cache that grows by one slot a step,
+so each step runs over exactly the slots written so far and its own), and served, at the manifest's fixed
+shapes (the container with random garbage after the clip, the padded prompt, the full cache). What must
+agree: the encoder's valid embeddings, the prefill logits, every step's logits (within verify's bounds)
+and the greedy tokens (exactly). Reported in verify.py's shape, so the
 summary, thresholds and exit status are shared. The served sessions fix every free axis; the static-shape
 check runs on them.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -29,19 +32,20 @@ def free_dimensions(path) -> list[str]:
     return sorted({d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param})
 
 
-def graph_overrides(path, samples: int, prompt: int, audio_tokens: int, cache: int) -> dict[str, int]:
-    """Sizes for the graph's free axes; the encoder's is named like "128000*windows" (a multiple)."""
+def graph_overrides(path, samples: int, prompt: int, audio_tokens: int, cache: int | None) -> dict[str, int]:
+    """Sizes for the graph's free axes (cache None: left free); the encoder's is named like
+    "128000*windows" (a multiple)."""
     overrides = {}
     for name in free_dimensions(path):
-        if name.endswith("windows"):
-            overrides[name] = samples
-        else:
-            overrides[name] = {"prompt": prompt, "audio_tokens": audio_tokens, "cache": cache}[name]
+        size = samples if name.endswith("windows") else {"prompt": prompt, "audio_tokens": audio_tokens,
+                                                         "cache": cache}[name]
+        if size is not None:
+            overrides[name] = size
     return overrides
 
 
 def sessions(directory: ModelDirectory, precision: str, device: str, samples: int, prompt: int, audio_tokens: int,
-             cache: int) -> tuple[dict, dict]:
+             cache: int | None) -> tuple[dict, dict]:
     made, overrides = {}, {}
     for graph in GRAPHS:
         path = directory.path / directory.manifest.graphs[precision][graph]
@@ -82,10 +86,10 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
             own_prompt = prompt_ids(dims["prompt"], padded.audio_tokens, 1 << 30)[1]
             own_cache = own_prompt + len(padded.tokens)
             alone_sessions, _ = sessions(directory, precision, device, own_samples, own_prompt,
-                                         own_samples // window * window_tokens, own_cache)
+                                         own_samples // window * window_tokens, None)
             own = np.zeros((1, own_samples), np.float32)
             own[0, : len(audio)] = audio
-            alone = Qwen3Decoder(alone_sessions, dims["prompt"], shapes).decode_container(
+            alone = Qwen3Decoder(alone_sessions, dims["prompt"], replace(shapes, cache_step=1)).decode_container(
                 own, len(audio), VERIFY_TOKENS, prompt_slots=own_prompt, cache_slots=own_cache)
             embeds = [s[ENCODER].run(None, {"audio": c, "audio_lengths": np.array([len(audio)], np.int32)})[0]
                       for s, c in ((alone_sessions, own), (served, container))]

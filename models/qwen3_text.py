@@ -7,6 +7,10 @@ State-dict names are those of the reference's `Qwen3ASRThinkerTextModel` (under 
 - A step takes one token, its position and a fixed-length cache; keys at slots >= position are masked
   (additively), so cache slots holding a padded prompt's tail or stale values are never read. It returns
   the new token's keys/values; the caller writes them to slot `position` (no in-graph scatter).
+- The step attends over (new token, cache slots) in that order, so every term that is not an exact zero
+  sits before the padding: CPU kernels sum in blocks and vector lanes counted from the first element, and
+  a new token placed after the cache landed in another block or lane for each cache length (the logits of
+  one 0.6B step moved by 0.29 between a 111- and a 687-slot cache).
 Positions are plain 1D: the reference's interleaved M-RoPE reduces to RoPE when its three position rows are
 equal, which they always are for audio + text prompts.
 """
@@ -55,7 +59,7 @@ class TextAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, dims.rms_norm_eps)
 
     def forward(self, x, cos, sin, attention_bias, mask, past_keys=None, past_values=None):
-        """x [B, T, H]; cos/sin [B, 1, T, hd]; attention_bias [B, 1, T, S + T] over (past slots, new); mask
+        """x [B, T, H]; cos/sin [B, 1, T, hd]; attention_bias [B, 1, T, T + S] over (new, past slots); mask
         [B, T, 1] of valid rows; past_keys/values [B, kv_heads, S, hd] or None.
         Returns (out [B, T, H], keys, values [B, kv, T, hd])."""
         q = self.q_norm(self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))).transpose(1, 2)
@@ -64,22 +68,13 @@ class TextAttention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         keys, values = k, v
-        if past_keys is not None:
-            keys, values = torch.cat([past_keys, k], dim=2), torch.cat([past_values, v], dim=2)
+        if past_keys is not None:  # the new token first: see the module's docstring
+            keys, values = torch.cat([k, past_keys], dim=2), torch.cat([v, past_values], dim=2)
         group = self.heads // self.kv_heads  # GQA: each kv head serves `group` query heads
         q = q.unflatten(1, (self.kv_heads, group))  # [B, kv, group, T, hd]
         scores = torch.matmul(q * self.head_dim**-0.5, keys[:, :, None].transpose(-2, -1))
         scores = scores + attention_bias[:, :, None]
-        if past_keys is None:
-            probabilities = torch.softmax(scores.float(), dim=-1)
-        else:
-            # The step's softmax sums over the whole fixed cache: in float32 its kernel assigns elements to
-            # vector lanes by the cache length, so a clip-sized and a served cache differed in the last bit,
-            # which int8's dynamic quantisation of o_proj's input amplified over steps (0.054 at 0.6B). In
-            # float64 the two orders agree to ~1e-16, below float32's rounding. Only the scores are cast
-            # (heads x cache per layer); both products stay float32: each output element accumulates its
-            # terms in cache order, and the padded slots add exact zeros.
-            probabilities = torch.softmax(scores.double(), dim=-1).float()
+        probabilities = torch.softmax(scores.float(), dim=-1)
         context = torch.matmul(probabilities.to(v.dtype), values[:, :, None])
         out = self.o_proj(context.flatten(1, 2).transpose(1, 2).flatten(2) * mask)
         return out, k, v
@@ -156,8 +151,8 @@ class TextModel(nn.Module):
         x = self.embed_tokens(token_ids)
         positions = positions.to(torch.int64)
         slots = torch.ones_like(cache_keys[0, :, 0, :, 0], dtype=torch.int64).cumsum(1) - 1  # [B, S]
-        allowed = torch.cat([(slots < positions[:, None]), torch.ones_like(positions[:, None], dtype=torch.bool)], 1)
-        attention_bias = ((allowed.to(x.dtype) - 1.0) * ATTENTION_MASK_VALUE)[:, None, None]  # [B, 1, 1, S+1]
+        allowed = torch.cat([torch.ones_like(positions[:, None], dtype=torch.bool), (slots < positions[:, None])], 1)
+        attention_bias = ((allowed.to(x.dtype) - 1.0) * ATTENTION_MASK_VALUE)[:, None, None]  # [B, 1, 1, 1+S]
         cos, sin = rotary(positions[:, None], self.inv_freq, x.dtype)
         keys, values = [], []
         for index, layer in enumerate(self.layers):

@@ -1,14 +1,17 @@
 """Qwen3-ASR's three graphs (encoder, prefill, step) driven at fixed shapes: audio in, greedy tokens out.
 
-numpy and onnxruntime only. Every call runs at one of three shapes fixed by the manifest: the encoder at
-the container, prefill at `prompt_slots`, each step at `cache_slots`. The prompt is the chat template
-around as many audio placeholders as the clip has audio tokens, padded to `prompt_slots`; the step's keys
-and values go to cache slot `position` here on the host (the graph returns them; no in-graph scatter).
-Decoding stops at an end-of-text id, at `max_new_tokens`, or when the cache is full.
+numpy and onnxruntime only. Every call runs at shapes fixed by the container: the encoder at its samples,
+prefill at `prompt_slots`, each step at `cache_slots`, or, where `cache_step` is set (the CPU, whose
+sessions compile nothing per shape), over the slots in use rounded up to whole `cache_step`s: a step's
+cost grows with its cache, and its logits do not depend on the cache's length (models/qwen3_text.py). The
+prompt is the chat template around as many audio placeholders as the clip has audio tokens, padded to
+`prompt_slots`; the step's keys and values go to cache slot `position` here on the host (the graph returns
+them; no in-graph scatter). Decoding stops at an end-of-text id, at `max_new_tokens`, or when the cache is
+full.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +29,13 @@ class Qwen3Shapes:
     prompt_slots: int
     cache_slots: int
     max_new_tokens: int
+    cache_step: int = 0  # > 0: the cache grows in steps of this many slots up to cache_slots; 0: all from the start
+
+    def cache_size(self, position: int) -> int:
+        """The cache slots a step at `position` runs over: room for its own keys and values."""
+        if not self.cache_step:
+            return self.cache_slots
+        return min(self.cache_slots, -(-(position + 1) // self.cache_step) * self.cache_step)
 
     @classmethod
     def from_dimensions(cls, dimensions: dict) -> Qwen3Shapes:
@@ -67,12 +77,13 @@ def rung_shapes(dims: dict, windows: int) -> Qwen3Shapes:
 
 def serving_overrides(dims: dict, shapes: Qwen3Shapes | None = None) -> dict[str, dict[str, int]]:
     """Graph -> the sizes of its free axes at `shapes` (default: the manifest's; the encoder's axis is
-    named by torch.export as "<window samples>*windows" and is fixed at the container's samples)."""
+    named by torch.export as "<window samples>*windows" and is fixed at the container's samples; a growing
+    cache stays free)."""
     shapes = shapes or Qwen3Shapes.from_dimensions(dims)
     window, _ = window_geometry(dims)
     return {ENCODER: {f"{window}*windows": shapes.container_samples},
             PREFILL: {"prompt": shapes.prompt_slots, "audio_tokens": audio_slots(dims, shapes)},
-            STEP: {"cache": shapes.cache_slots}}
+            STEP: {} if shapes.cache_step else {"cache": shapes.cache_slots}}
 
 
 def prompt_ids(prompt: dict, audio_tokens: int, slots: int) -> tuple[np.ndarray, int]:
@@ -83,6 +94,16 @@ def prompt_ids(prompt: dict, audio_tokens: int, slots: int) -> tuple[np.ndarray,
     padded = np.full((1, slots), prompt["eos_token_ids"][-1], dtype=np.int64)
     padded[0, : len(ids)] = ids
     return padded, len(ids)
+
+
+def grown(cache: np.ndarray, slots: int) -> np.ndarray:
+    """`cache` [layers, B, kv, S, hd] in a zeroed cache of `slots` slots (its first ones, if it is larger)."""
+    shape = list(cache.shape)
+    shape[3] = slots
+    out = np.zeros(shape, cache.dtype)  # fp16 too
+    kept = min(slots, cache.shape[3])
+    out[:, :, :, :kept] = cache[:, :, :, :kept]
+    return out
 
 
 class Qwen3Decoder:
@@ -118,10 +139,8 @@ class Qwen3Decoder:
         ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots)
         logits, keys, values = self.sessions[PREFILL].run(
             None, {"prompt_ids": ids, "prompt_lengths": np.array([length], np.int64), "audio_embeds": embeds})
-        cache_shape = list(keys.shape)
-        cache_shape[3] = cache_slots
-        cache_keys, cache_values = np.zeros(cache_shape, keys.dtype), np.zeros(cache_shape, values.dtype)  # fp16 too
-        cache_keys[:, :, :, :prompt_slots], cache_values[:, :, :, :prompt_slots] = keys, values
+        sizing = replace(self.shapes, cache_slots=cache_slots)
+        cache_keys, cache_values = (grown(prefilled, sizing.cache_size(length)) for prefilled in (keys, values))
         first_logits, step_logits, tokens = logits[0], [], []
         position = length
         for _ in range(limit):
@@ -131,6 +150,9 @@ class Qwen3Decoder:
             tokens.append(token)
             if position >= cache_slots or len(tokens) == limit:
                 break
+            if position >= cache_keys.shape[3]:  # a growing cache is full: its next size
+                size = sizing.cache_size(position)
+                cache_keys, cache_values = grown(cache_keys, size), grown(cache_values, size)
             logits, keys, values = self.sessions[STEP].run(None, {
                 "token_ids": np.array([[token]], np.int64), "positions": np.array([position], np.int64),
                 "cache_keys": cache_keys, "cache_values": cache_values})

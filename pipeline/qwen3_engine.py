@@ -12,6 +12,7 @@ A clip is decoded greedily (pipeline/qwen3_decoding.py) and its tokens become a 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -32,6 +33,10 @@ ARCHITECTURE = "qwen3-asr"
 # hold is the same tensor and is loaded once; older exports' names (val_N) coincide by chance only.
 CONTENT_NAME_PREFIX = "sha1_"
 WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
+# On the CPU a step runs over the cache slots in use, rounded up to this many: its cost grows with the cache
+# (0.6B int8: 31-34 ms a token over 128 slots, 48 ms over 687; docs/benchmarks.md) and its logits do not
+# depend on the cache's length. A GPU keeps the one cache it was compiled for.
+CPU_CACHE_STEP = 64
 
 
 def qwen3_ladder(dims: dict, device: str, containers: tuple[float, ...] | None = None) -> list[Qwen3Shapes]:
@@ -39,25 +44,27 @@ def qwen3_ladder(dims: dict, device: str, containers: tuple[float, ...] | None =
     On the CPU, by default, every whole number of windows: a short clip pays for its own windows and prompt,
     not the whole container's, and decodes exactly as it would in the whole container (padding invariance:
     `verify`). Elsewhere the export's container alone: one shape to compile. `containers` (seconds) are
-    rounded up to whole windows; the export's container is always one (the segmenter cuts to it)."""
-    top = Qwen3Shapes.from_dimensions(dims)
+    rounded up to whole windows; the export's container is always one (the segmenter cuts to it). On the
+    CPU the step's cache grows in CPU_CACHE_STEP slots."""
+    cache_step = CPU_CACHE_STEP if device == "cpu" else 0
+    top = replace(Qwen3Shapes.from_dimensions(dims), cache_step=cache_step)
     window, _ = window_geometry(dims)
     most = top.container_samples // window
     if containers:
         counts = {min(most, max(1, math.ceil(c * SAMPLE_RATE / window))) for c in containers}
     else:
         counts = set(range(1, most)) if device == "cpu" else set()
-    return [rung_shapes(dims, k) for k in sorted(counts - {most})] + [top]
+    return [replace(rung_shapes(dims, k), cache_step=cache_step) for k in sorted(counts - {most})] + [top]
 
 
 def create_qwen3_sessions(model: ModelDirectory, precision: str, config: ProviderConfig, threads: int,
                           device_id: int, ladder: list[Qwen3Shapes],
                           share_weights: bool = True) -> dict[tuple[str, int], SessionRunner]:
-    """(graph name, container samples) -> its runner for each container of `ladder`, every free axis at
-    that container's shapes. On the CPU one session per graph serves the whole ladder (it compiles nothing
-    per shape, and each prepacked weight is held once; sessions.runner_on), and prefill and step use one
-    copy of the decoder's weights that no kernel prepacks (ONNX Runtime ignores a shared name a graph
-    lacks). On a GPU, or for one container, a session per graph and container, fixed at its shapes."""
+    """(graph name, container samples) -> its runner for each container of `ladder`. On the CPU one
+    session per graph with free axes serves every container and cache size (it compiles nothing per shape,
+    and each prepacked weight is held once; sessions.runner_on), and prefill and step use one copy of the
+    decoder's weights that no kernel prepacks (ONNX Runtime ignores a shared name a graph lacks). On a GPU
+    a session per graph and container, every free axis fixed at its shapes."""
     graphs = model.manifest.graphs.get(precision)
     if not graphs or set(graphs) != set(GRAPHS):
         raise ModelLoadError(f"{model.path}: the manifest names no {precision} {', '.join(GRAPHS)} graphs",
@@ -72,7 +79,7 @@ def create_qwen3_sessions(model: ModelDirectory, precision: str, config: Provide
     runners: dict[tuple[str, int], SessionRunner] = {}
     for graph in GRAPHS:
         path, shared = model.path / graphs[graph], {} if graph == ENCODER else decoder
-        if config.device == "cpu" and len(ladder) > 1:
+        if config.device == "cpu":
             base = create_session(path, 1, 0, config, threads, shared, device_id, ARCHITECTURE, graph=graph,
                                   prepack=True)
             for shapes in ladder:

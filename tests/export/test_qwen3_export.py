@@ -3,6 +3,7 @@ decoder (pipeline/qwen3_decoding.py) against the PyTorch model it was exported f
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from export.onnx_export import deterministic_waveform
 from export.qwen3_asr import DEFAULT_SEED, random_model
 from export.verify import verify
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes
+from pipeline.qwen3_decoding import GRAPHS, STEP, Qwen3Decoder, Qwen3Shapes
 
 CONTAINER, MAX_NEW_TOKENS = 8.0, 16  # conftest.py qwen3_model_dir exports the tiny preset with these
 
@@ -68,6 +69,31 @@ def test_onnx_decoder_equals_the_pytorch_model(model_dir):
     assert served_decoder(model_dir, "int8").decode(audio).tokens  # int8 runs and decodes
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])
+def test_a_growing_cache_decodes_as_the_whole_cache_does(model_dir, precision):
+    """Where the step's cache grows with the tokens (the CPU: Qwen3Shapes.cache_step), every logit is
+    bit-identical and the tokens equal to decoding over the whole cache from the first step; the steps ran
+    over grown caches, each holding its own slot."""
+    whole_decoder = served_decoder(model_dir, precision)
+    shapes = whole_decoder.shapes
+    step, fed = whole_decoder.sessions[STEP], []
+
+    class RecordingStep:
+        def run(self, names, feed):
+            fed.append((int(feed["positions"][0]), feed["cache_keys"].shape[3]))
+            return step.run(names, feed)
+
+    audio = deterministic_waveform(3.3, seed=5)
+    whole = whole_decoder.decode(audio)
+    grown = Qwen3Decoder({**whole_decoder.sessions, STEP: RecordingStep()}, whole_decoder.prompt,
+                         replace(shapes, cache_step=4)).decode(audio)
+    assert grown.tokens == whole.tokens and len(grown.tokens) == MAX_NEW_TOKENS  # random weights never stop
+    assert len(grown.step_logits) == len(whole.step_logits)
+    assert all(np.array_equal(a, b) for a, b in zip(grown.step_logits, whole.step_logits))
+    assert [size for _, size in fed] == [min(shapes.cache_slots, -(-(position + 1) // 4) * 4) for position, _ in fed]
+    assert fed[-1][1] < shapes.cache_slots and len({size for _, size in fed}) > 2
+
+
 def test_audio_longer_than_the_container_is_refused(model_dir):
     decoder = served_decoder(model_dir, "fp32")
     with pytest.raises(ValueError, match="exceeds the 8 s container"):
@@ -94,25 +120,30 @@ def test_unknown_precision_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_a_step_does_not_depend_on_the_cache_length(model_dir, precision):
-    """The same step over a 40-slot and the served cache (zeros past the valid slots) gives bit-identical
-    logits: its attention reduces over the cache in float64 (in float32 the kernels' summation order
-    followed the cache length, and int8 amplified that last bit over steps: 0.054 at 0.6B)."""
+    """The same step over every cache length from one free slot up to the served cache (zeros past the
+    valid slots) gives bit-identical logits, at several positions, in one session with a free cache axis
+    as the engine runs it. With the new token attended after the cache, float32's summation order followed
+    the cache length, and int8 amplified that last bit over steps."""
     directory = read_model_directory(model_dir)
     dims, text = directory.manifest.dimensions, directory.manifest.dimensions["text"]
-    path = str(model_dir / directory.manifest.graphs[precision]["step"])
-    valid = 33
-    kv = (text["num_hidden_layers"], 1, text["num_key_value_heads"], valid, text["head_dim"])
+    session = ort.InferenceSession(str(model_dir / directory.manifest.graphs[precision]["step"]),
+                                   providers=["CPUExecutionProvider"])
+    served = Qwen3Shapes.from_dimensions(dims).cache_slots
     rng = np.random.default_rng(7)
-    past_keys, past_values = rng.standard_normal(kv, dtype=np.float32), rng.standard_normal(kv, dtype=np.float32)
-    logits = []
-    for slots in (40, Qwen3Shapes.from_dimensions(dims).cache_slots):
-        options = ort.SessionOptions()
-        options.add_free_dimension_override_by_name("cache", slots)
-        keys, values = (np.zeros((*kv[:3], slots, kv[4]), np.float32) for _ in range(2))
-        keys[:, :, :, :valid], values[:, :, :, :valid] = past_keys, past_values
-        feed = {"token_ids": np.array([[5]]), "positions": np.array([valid]), "cache_keys": keys, "cache_values": values}
-        logits.append(ort.InferenceSession(path, options).run(None, feed)[0])
-    assert np.array_equal(logits[0], logits[1])
+    for valid in (0, 7, 33, served // 2, served - 1):
+        kv = (text["num_hidden_layers"], 1, text["num_key_value_heads"], valid, text["head_dim"])
+        past_keys, past_values = rng.standard_normal(kv, dtype=np.float32), rng.standard_normal(kv, dtype=np.float32)
+
+        def step_logits(slots: int) -> np.ndarray:
+            keys, values = (np.zeros((*kv[:3], slots, kv[4]), np.float32) for _ in range(2))
+            keys[:, :, :, :valid], values[:, :, :, :valid] = past_keys, past_values
+            feed = {"token_ids": np.array([[5]]), "positions": np.array([valid]), "cache_keys": keys,
+                    "cache_values": values}
+            return session.run(None, feed)[0]
+
+        expected = step_logits(served)
+        differing = [slots for slots in range(valid + 1, served) if not np.array_equal(step_logits(slots), expected)]
+        assert not differing, f"{valid} valid slots: cache lengths {differing[:10]} differ from {served}"
 
 
 def test_prefill_and_step_share_their_decoder_weights_on_the_cpu(model_dir):

@@ -6,7 +6,10 @@ fixed shapes, the VAD cuts the segments, and partials re-decode the open segment
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import onnxruntime as ort
 import pytest
 from openai_testkit import TOKEN, own_protocol_text, sdk
 
@@ -15,6 +18,8 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import InferenceError, ProtocolError
 from pipeline.hotwords import parse_hotwords
+from pipeline.modeldir import read_model_directory
+from pipeline.qwen3_decoding import serving_overrides
 from pipeline.qwen3_text import fix_repetitions, parse_output, token_text
 from server.protocol import Done, Final
 from server_testkit import http_get, wav16
@@ -32,8 +37,14 @@ def test_engine_serves_three_warmed_graphs_at_fixed_shapes(engine, qwen3_model_d
     assert engine.ready and engine.precision == "int8" and engine.containers == (2.0, 4.0, 6.0, 8.0)
     whole = Engine(qwen3_model_dir, EngineOptions(device="cpu", containers=(8.0,))).load()
     assert whole.containers == (8.0,)
-    for runner in whole._sessions.values():  # one container: every axis fixed by the overrides
-        assert all(isinstance(d, int) for i in runner.session.get_inputs() for d in i.shape)
+    directory = read_model_directory(qwen3_model_dir)
+    for graph, overrides in serving_overrides(directory.manifest.dimensions).items():  # a GPU's: all fixed
+        options = ort.SessionOptions()
+        for name, size in overrides.items():
+            options.add_free_dimension_override_by_name(name, size)
+        path = str(qwen3_model_dir / directory.manifest.graphs["int8"][graph])
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        assert all(isinstance(d, int) for i in session.get_inputs() for d in i.shape), graph
     calls = engine.stats.calls
     for seconds in (1.5, 2.5, 5.0, 7.9):  # one clip in each container
         clip = speech.audio[: int(seconds * SAMPLE_RATE)]
@@ -164,12 +175,14 @@ async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_d
 def test_ladder_of_whole_windows(qwen3_model_dir, device, containers, expected):
     from pipeline.modeldir import read_model_directory
     from pipeline.qwen3_decoding import Qwen3Shapes
-    from pipeline.qwen3_engine import qwen3_ladder
+    from pipeline.qwen3_engine import CPU_CACHE_STEP, qwen3_ladder
 
     dims = read_model_directory(qwen3_model_dir).manifest.dimensions
     ladder = qwen3_ladder(dims, device, containers)
     assert tuple(s.container_samples / SAMPLE_RATE for s in ladder) == expected
-    assert ladder[-1] == Qwen3Shapes.from_dimensions(dims)
+    cache_step = CPU_CACHE_STEP if device == "cpu" else 0  # the CPU's cache grows; a GPU's is compiled whole
+    assert ladder[-1] == replace(Qwen3Shapes.from_dimensions(dims), cache_step=cache_step)
     for shapes in ladder:  # each prompt holds its windows' audio tokens; each cache that and max_new_tokens
         assert shapes.cache_slots - shapes.prompt_slots == shapes.max_new_tokens
+        assert shapes.cache_step == cache_step
     assert [s.prompt_slots for s in ladder] == sorted({s.prompt_slots for s in ladder})
