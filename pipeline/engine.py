@@ -18,8 +18,9 @@
     engine.transcribe(..., hotwords=engine.hotword_graph(words))   beam search biased to the hotwords
                 (Clip.hotwords in transcribe_many; it decodes the graph's top-k, or the host's for old graphs)
 
-Qwen3-ASR (manifest architecture "qwen3-asr", pipeline/qwen3_engine.py) is served by three sessions
-(encoder, prefill, step) at the export's one container, batch 1; transcribe_many decodes each clip greedily.
+Qwen3-ASR (manifest architecture "qwen3-asr", pipeline/qwen3_engine.py): three graphs (encoder, prefill,
+step), batch 1, on a ladder of containers (the CPU's, its step cache growing) or the export's one (GPUs);
+transcribe_many decodes each clip greedily in the smallest container that holds it.
 Graphs with in-graph decoding (pipeline/modeldir.py) return per-frame best ids and top-k; the host then
 receives the full [frames, vocab] log-probs only when a caller asks (`full=True`, run()).
 The engine is synchronous and thread-confined: the server calls it from its one worker thread.
