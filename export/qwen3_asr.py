@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 from pathlib import Path
 
@@ -30,11 +31,13 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelManifest
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
+from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
 
 from .onnx_export import OPSET, needs_external_data, quantize_int8, save_graph, write_graphs_atomically
 from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 
 DEFAULT_SEED = 20261124
+SYNTHETIC_LANGUAGE_IDS = 100  # random weights' "language" id; "<asr_text>" and the names follow it
 DEFAULT_MAX_NEW_TOKENS = 256
 GRAPH_FILES = {"fp32": {g: f"{g}.onnx" for g in (ENCODER, PREFILL, STEP)},
                "int8": {g: f"{g}.int8.onnx" for g in (ENCODER, PREFILL, STEP)},
@@ -131,6 +134,13 @@ def name_weights_by_content(path: Path) -> None:
     save_graph(model, path)
 
 
+def synthetic_languages() -> dict[str, tuple[int, ...]]:
+    """Forced-language ids for random weights, laid out as a tokenizer's: "language", " <Name>", "<asr_text>"
+    (synthetic_tokens names them, so the text reads as the real model's would)."""
+    return {code: (SYNTHETIC_LANGUAGE_IDS, SYNTHETIC_LANGUAGE_IDS + 2 + i, SYNTHETIC_LANGUAGE_IDS + 1)
+            for i, code in enumerate(LANGUAGE_CODES.values())}
+
+
 def synthetic_tokens(dims) -> list[str]:
     """Random weights carry no tokenizer: <|tok{i}|> for every id, the prompt's own ids named for their role."""
     prompt = dims.prompt
@@ -138,6 +148,9 @@ def synthetic_tokens(dims) -> list[str]:
     tokens[prompt.audio_token_id] = "<|audio_pad|>"
     tokens[prompt.prefix[-1]], tokens[prompt.suffix[0]] = "<|audio_start|>", "<|audio_end|>"
     tokens[prompt.eos_token_ids[0]], tokens[prompt.eos_token_ids[-1]] = "<|im_end|>", "<|endoftext|>"
+    names = {code: name.capitalize() for name, code in LANGUAGE_CODES.items()}
+    for code, (word, name, tag) in prompt.languages.items():
+        tokens[word], tokens[name], tokens[tag] = "language", "Ġ" + names[code], ASR_TEXT_TAG
     return tokens
 
 
@@ -145,7 +158,9 @@ def random_model(size: str, seed: int):
     from models.qwen3_asr import Qwen3ASR, Qwen3ASRDimensions
 
     torch.manual_seed(seed)
-    model = Qwen3ASR(Qwen3ASRDimensions.preset(size)).eval()
+    dims = Qwen3ASRDimensions.preset(size)
+    dims = dataclasses.replace(dims, prompt=dataclasses.replace(dims.prompt, languages=synthetic_languages()))
+    model = Qwen3ASR(dims).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # unit-scale activations: N(0, 1/fan_in) matrices (torch's default init is smaller)
         for parameter in model.parameters():
@@ -177,11 +192,13 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
                 for path in directory.glob(f"{file}*"):  # the graph and its external weights
                     path.unlink()
 
-    dims = model.dims.to_dict() | {"shapes": vars(shapes), "vocab_size": model.dims.text.vocab_size}
+    exported = {k: v for k, v in vars(shapes).items() if k != "cache_step"}  # how a cache grows is the server's
+    dims = model.dims.to_dict() | {"shapes": exported, "vocab_size": model.dims.text.vocab_size}
     manifest = ModelManifest(
         name=name, architecture="qwen3-asr", dimensions=dims, source=source, notice=notice, opset=OPSET,
         files={p: GRAPH_FILES[p][ENCODER] for p in precisions}, graphs={p: GRAPH_FILES[p] for p in precisions},
-        container_seconds=shapes.container_samples / SAMPLE_RATE, prompt_frames=0, languages={"auto": 0},
+        container_seconds=shapes.container_samples / SAMPLE_RATE, prompt_frames=0,
+        languages={code: i for i, code in enumerate(["auto", *model.dims.prompt.languages])},
         tag_tokens={},
     )
     return write_graphs_atomically(out, build, manifest, tokens)

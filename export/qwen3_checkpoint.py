@@ -8,7 +8,8 @@
 tokens.txt gets one line per id of the model's vocabulary (ids no tokenizer file names: "<|unused{id}|>").
 The prompt's ids (the chat template around the audio) are looked up by their text, so a checkpoint whose
 tokenizer numbers them differently still gets the right prompt; a missing one is a ValueError.
-merges.txt is not needed: serving only turns ids into text.
+merges.txt is not needed: serving only turns ids into text, and the forced-language prompts are whole
+tokens looked up by text (forced_languages).
 """
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ from pathlib import Path
 
 import torch
 
+from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
+
 CONFIG_FILE, VOCAB_FILE, TOKENIZER_CONFIG_FILE = "config.json", "vocab.json", "tokenizer_config.json"
 WEIGHTS_FILE, WEIGHTS_INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # The chat template (models/qwen3_asr.py PromptTokens) by token text; "Ċ" is byte-level BPE's "\n".
 PROMPT_PREFIX = ("<|im_start|>", "system", "Ċ", "<|im_end|>", "Ċ", "<|im_start|>", "user", "Ċ", "<|audio_start|>")
 PROMPT_SUFFIX = ("<|audio_end|>", "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ")
 AUDIO_TOKEN, EOS_TOKENS = "<|audio_pad|>", ("<|im_end|>", "<|endoftext|>")
+LANGUAGE_WORD = "language"
 
 
 def read_json(path: Path) -> dict:
@@ -53,12 +57,23 @@ def token_list(vocab: dict[str, int], size: int) -> list[str]:
     return tokens
 
 
+def forced_languages(vocab: dict[str, int]) -> dict[str, list[int]]:
+    """Language code -> the ids of "language <Name><asr_text>" (the reference's forced-language suffix), for
+    each language whose name is one token of this vocabulary (as the pre-tokenizer splits " <Name>", so BPE
+    gives that token; without merges.txt a name of several tokens could not be split faithfully: left out)."""
+    if LANGUAGE_WORD not in vocab or ASR_TEXT_TAG not in vocab:
+        return {}
+    return {code: [vocab[LANGUAGE_WORD], vocab["Ġ" + name.capitalize()], vocab[ASR_TEXT_TAG]]
+            for name, code in LANGUAGE_CODES.items() if "Ġ" + name.capitalize() in vocab}
+
+
 def prompt_ids(vocab: dict[str, int]) -> dict:
     missing = sorted({*PROMPT_PREFIX, *PROMPT_SUFFIX, AUDIO_TOKEN, *EOS_TOKENS} - set(vocab))
     if missing:
         raise ValueError(f"the tokenizer lacks the prompt's tokens {', '.join(missing)}")
     return {"prefix": [vocab[t] for t in PROMPT_PREFIX], "suffix": [vocab[t] for t in PROMPT_SUFFIX],
-            "audio_token_id": vocab[AUDIO_TOKEN], "eos_token_ids": [vocab[t] for t in EOS_TOKENS]}
+            "audio_token_id": vocab[AUDIO_TOKEN], "eos_token_ids": [vocab[t] for t in EOS_TOKENS],
+            "languages": forced_languages(vocab)}
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -86,6 +86,23 @@ class PromptTokens:
     suffix: tuple[int, ...] = (151670, 151645, 198, 151644, 77091, 198)
     audio_token_id: int = 151676
     eos_token_ids: tuple[int, ...] = (151645, 151643)
+    # Language code -> the ids of "language <Name><asr_text>", which the reference appends to the prompt to
+    # force that language (its output is then the text alone); from the checkpoint's tokenizer.
+    languages: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def language_ids(self, language: str | None) -> tuple[int, ...]:
+        """The forced-language ids of `language` (None: none, the model names the language itself)."""
+        if language is None:
+            return ()
+        if language not in self.languages:
+            raise ValueError(f"the model cannot be told the language {language!r} (it knows "
+                             f"{', '.join(sorted(self.languages)) or 'none'})")
+        return tuple(self.languages[language])
+
+    @property
+    def language_slots(self) -> int:
+        """Prompt room for the longest forced language."""
+        return max(map(len, self.languages.values()), default=0)
 
 
 @dataclass(frozen=True)
@@ -105,7 +122,9 @@ class Qwen3ASRDimensions:
     def from_dict(cls, data: dict) -> Qwen3ASRDimensions:
         def build(kind, values):
             known = {f.name for f in dataclasses.fields(kind)}
-            return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in known})
+            return kind(**{k: tuple(v) if isinstance(v, list) else
+                           {code: tuple(ids) for code, ids in v.items()} if isinstance(v, dict) else v
+                           for k, v in values.items() if k in known})
 
         return cls(build(AudioDimensions, data.get("audio", {})), build(TextDimensions, data.get("text", {})),
                    build(PromptTokens, data.get("prompt", {})))
@@ -127,7 +146,7 @@ PRESETS: dict[str, dict] = {
         "text": dict(vocab_size=256, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=16, rope_theta=10000.0, tie_word_embeddings=False),
         "prompt": dict(prefix=(250, 10, 13, 251, 13, 250, 11, 13, 253), suffix=(254, 251, 13, 250, 12, 13),
-                       audio_token_id=255, eos_token_ids=(251, 252)),
+                       audio_token_id=255, eos_token_ids=(251, 252)),  # languages: export/qwen3_asr.py's synthetic
     },
 }
 
@@ -177,17 +196,20 @@ class Qwen3ASR(nn.Module):
         hidden, keys, values = self.thinker.model.step(token_ids, positions, cache_keys, cache_values)
         return self.thinker.lm_head(hidden).float(), keys, values
 
-    def prompt_ids(self, token_lengths: torch.Tensor, prompt_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def prompt_ids(self, token_lengths: torch.Tensor, prompt_slots: int,
+                   language: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The template around `token_lengths` audio placeholders, padded to prompt_slots: (ids, lengths)."""
-        return build_prompt_ids(self.dims, [int(n) for n in token_lengths], prompt_slots)
+        return build_prompt_ids(self.dims, [int(n) for n in token_lengths], prompt_slots, language)
 
     @torch.no_grad()
-    def greedy_decode(self, mel, mel_lengths, max_new_tokens: int, cache_slots: int | None = None) -> list[list[int]]:
+    def greedy_decode(self, mel, mel_lengths, max_new_tokens: int, cache_slots: int | None = None,
+                      language: str | None = None) -> list[list[int]]:
         """Greedy tokens for each row at fixed shapes: prompt slots for a full container, and a cache of
-        `cache_slots` (default: prompt slots + max_new_tokens). Stops a row at an end-of-text id."""
+        `cache_slots` (default: prompt slots + max_new_tokens). Stops a row at an end-of-text id.
+        `language`: forced, as the reference's transcribe(language=...)."""
         embeds, token_lengths = self.encode(mel, mel_lengths)
         prompt_slots = prompt_capacity(self.dims, embeds.shape[1])
-        ids, lengths = self.prompt_ids(token_lengths, prompt_slots)
+        ids, lengths = self.prompt_ids(token_lengths, prompt_slots, language)
         logits, keys, values = self.prefill(ids, lengths, embeds)
         cache_slots = cache_slots or prompt_slots + max_new_tokens
         shape = list(keys.shape)
@@ -215,16 +237,18 @@ class Qwen3ASR(nn.Module):
 
 
 def prompt_capacity(dims: Qwen3ASRDimensions, audio_slots: int) -> int:
-    """Prompt slots for a container of `audio_slots` audio tokens."""
-    return len(dims.prompt.prefix) + audio_slots + len(dims.prompt.suffix)
+    """Prompt slots for a container of `audio_slots` audio tokens (and the longest forced language)."""
+    return len(dims.prompt.prefix) + audio_slots + len(dims.prompt.suffix) + dims.prompt.language_slots
 
 
-def build_prompt_ids(dims: Qwen3ASRDimensions, token_lengths: list[int], prompt_slots: int):
+def build_prompt_ids(dims: Qwen3ASRDimensions, token_lengths: list[int], prompt_slots: int,
+                     language: str | None = None):
     prompt = dims.prompt
+    forced = prompt.language_ids(language)
     ids = torch.full((len(token_lengths), prompt_slots), prompt.eos_token_ids[-1], dtype=torch.int64)
     lengths = []
     for row, count in enumerate(token_lengths):
-        row_ids = [*prompt.prefix, *([prompt.audio_token_id] * count), *prompt.suffix]
+        row_ids = [*prompt.prefix, *([prompt.audio_token_id] * count), *prompt.suffix, *forced]
         if len(row_ids) > prompt_slots:
             raise ValueError(f"prompt of {len(row_ids)} tokens exceeds {prompt_slots} slots")
         ids[row, : len(row_ids)] = torch.tensor(row_ids)

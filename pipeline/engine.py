@@ -297,7 +297,7 @@ class Engine:
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
         if self.qwen3:
-            return [self._transcribe_qwen3(clip.audio) for clip in clips]
+            return [self._transcribe_qwen3(clip.audio, clip.language) for clip in clips]
         outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
         if self.paraformer:
             return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
@@ -313,7 +313,7 @@ class Engine:
         """One clip through transcribe_many(); `hotwords` from hotword_graph()."""
         return self.transcribe_many([Clip(audio, language, itn, hotwords, beam)], [offset])[0]
 
-    def _transcribe_qwen3(self, audio: np.ndarray) -> Transcript:
+    def _transcribe_qwen3(self, audio: np.ndarray, language: str) -> Transcript:
         """One clip through encoder, prefill and steps (pipeline/qwen3_engine.py); no token times."""
         if not self.ready:
             raise InferenceError("the engine is not loaded and warmed; call load() first")
@@ -325,7 +325,9 @@ class Engine:
             raise InferenceError(str(exc), samples=len(audio)) from None
         if not all(runner.warmed for (_, samples), runner in self._sessions.items() if samples == size):
             self._refuse_unwarmed(f"{size} samples", ",".join(map(str, self._qwen3_shapes)), samples=size)
-        transcript = transcribe_qwen3(self.model, self._sessions, self._infer, self._qwen3_shapes[size], audio)
+        self.language_id(language)  # a language the model cannot be told is the caller's error
+        transcript = transcribe_qwen3(self.model, self._sessions, self._infer, self._qwen3_shapes[size], audio,
+                                      language)
         self.stats.rows += 1
         return transcript
 

@@ -70,8 +70,9 @@ def rung_shapes(dims: dict, windows: int) -> Qwen3Shapes:
     tokens, the cache that prompt and the manifest's max_new_tokens (the manifest's own shapes at its
     container)."""
     window, window_tokens = window_geometry(dims)
-    top = Qwen3Shapes.from_dimensions(dims)
-    prompt = len(dims["prompt"]["prefix"]) + windows * window_tokens + len(dims["prompt"]["suffix"])
+    top, template = Qwen3Shapes.from_dimensions(dims), dims["prompt"]
+    prompt = (len(template["prefix"]) + windows * window_tokens + len(template["suffix"])
+              + max(map(len, template.get("languages", {}).values()), default=0))  # models/qwen3_asr.py prompt_capacity
     return Qwen3Shapes(windows * window, prompt, prompt + top.max_new_tokens, top.max_new_tokens)
 
 
@@ -86,9 +87,22 @@ def serving_overrides(dims: dict, shapes: Qwen3Shapes | None = None) -> dict[str
             STEP: {} if shapes.cache_step else {"cache": shapes.cache_slots}}
 
 
-def prompt_ids(prompt: dict, audio_tokens: int, slots: int) -> tuple[np.ndarray, int]:
-    """The template around `audio_tokens` placeholders, padded to `slots`: (ids int64 [1, slots], length)."""
-    ids = [*prompt["prefix"], *([prompt["audio_token_id"]] * audio_tokens), *prompt["suffix"]]
+def forced_language_ids(prompt: dict, language: str | None) -> list[int]:
+    """The ids that tell the model `language` ("language <Name><asr_text>"; None: none, it names it)."""
+    if language is None:
+        return []
+    known = prompt.get("languages", {})
+    if language not in known:
+        raise ValueError(f"the model cannot be told the language {language!r} (it knows "
+                         f"{', '.join(sorted(known)) or 'none'})")
+    return list(known[language])
+
+
+def prompt_ids(prompt: dict, audio_tokens: int, slots: int, language: str | None = None) -> tuple[np.ndarray, int]:
+    """The template around `audio_tokens` placeholders, then the forced language's ids if any, padded to
+    `slots`: (ids int64 [1, slots], length)."""
+    ids = [*prompt["prefix"], *([prompt["audio_token_id"]] * audio_tokens), *prompt["suffix"],
+           *forced_language_ids(prompt, language)]
     if len(ids) > slots:
         raise ValueError(f"a prompt of {len(ids)} tokens does not fit {slots} prompt slots")
     padded = np.full((1, slots), prompt["eos_token_ids"][-1], dtype=np.int64)
@@ -114,19 +128,20 @@ class Qwen3Decoder:
         self.sessions, self.prompt, self.shapes = sessions, prompt, shapes
         self.eos = set(prompt["eos_token_ids"])
 
-    def decode(self, audio: np.ndarray, max_new_tokens: int | None = None) -> Qwen3Result:
-        """Greedy tokens of one clip (float32 [n] in [-1, 1], n <= container) at the fixed shapes."""
+    def decode(self, audio: np.ndarray, max_new_tokens: int | None = None, language: str | None = None) -> Qwen3Result:
+        """Greedy tokens of one clip (float32 [n] in [-1, 1], n <= container) at the fixed shapes; `language`
+        forces the language (forced_language_ids)."""
         shapes = self.shapes
         if len(audio) > shapes.container_samples:
             raise ValueError(f"{len(audio) / SAMPLE_RATE:g} s of audio exceeds the "
                              f"{shapes.container_samples / SAMPLE_RATE:g} s container")
         container = np.zeros((1, shapes.container_samples), dtype=np.float32)
         container[0, : len(audio)] = audio
-        return self.decode_container(container, len(audio), max_new_tokens)
+        return self.decode_container(container, len(audio), max_new_tokens, language=language)
 
     def decode_container(self, container: np.ndarray, valid: int, max_new_tokens: int | None = None,
                          prompt_slots: int | None = None, cache_slots: int | None = None,
-                         ignore_eos: bool = False) -> Qwen3Result:
+                         ignore_eos: bool = False, language: str | None = None) -> Qwen3Result:
         """As decode, for a container [1, samples] already filled (what lies past `valid` is ignored);
         prompt_slots/cache_slots other than the manifest's are for verification only; `ignore_eos` goes on
         past an end token (the warm-up, which must run every graph)."""
@@ -136,7 +151,7 @@ class Qwen3Decoder:
         embeds, token_lengths = self.sessions[ENCODER].run(
             None, {"audio": container.astype(np.float32, copy=False), "audio_lengths": np.array([valid], np.int32)})
         audio_tokens = int(token_lengths[0])
-        ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots)
+        ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots, language)
         logits, keys, values = self.sessions[PREFILL].run(
             None, {"prompt_ids": ids, "prompt_lengths": np.array([length], np.int64), "audio_embeds": embeds})
         sizing = replace(self.shapes, cache_slots=cache_slots)

@@ -132,7 +132,9 @@ def warm_up_qwen3(model: ModelDirectory, runners: dict[tuple[str, int], SessionR
 
 
 def transcribe_qwen3(model: ModelDirectory, runners: dict[tuple[str, int], SessionRunner], infer: Callable,
-                     shapes: Qwen3Shapes, audio: np.ndarray) -> Transcript:
-    """One clip (it fits `shapes`' container) decoded greedily through the engine's `infer`; no token
-    times."""
-    return qwen3_transcript(qwen3_decoder(model, runners, infer, shapes).decode(audio).tokens, model.tokens)
+                     shapes: Qwen3Shapes, audio: np.ndarray, language: str = "auto") -> Transcript:
+    """One clip (it fits `shapes`' container) decoded greedily through the engine's `infer`, its language
+    forced unless "auto"; no token times."""
+    forced = None if language == "auto" else language
+    result = qwen3_decoder(model, runners, infer, shapes).decode(audio, language=forced)
+    return qwen3_transcript(result.tokens, model.tokens, forced)

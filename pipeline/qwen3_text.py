@@ -63,9 +63,12 @@ def fix_repetitions(text: str) -> str:
     return _PATTERN_REPEATS.sub(r"\1", text)
 
 
-def parse_output(raw: str) -> tuple[str | None, str]:
-    """(language code or None, text) of the model's raw output."""
+def parse_output(raw: str, forced: str | None = None) -> tuple[str | None, str]:
+    """(language code or None, text) of the model's raw output; after a `forced` language the output is the
+    text alone (the reference's parse_asr_output(user_language=...))."""
     text = fix_repetitions(raw.strip())
+    if forced is not None:
+        return forced, text.strip()
     if ASR_TEXT_TAG not in text:
         return None, text.strip()
     meta, text = text.split(ASR_TEXT_TAG, 1)
@@ -76,6 +79,6 @@ def parse_output(raw: str) -> tuple[str | None, str]:
     return LANGUAGE_CODES.get(name, name), text.strip()
 
 
-def qwen3_transcript(ids: Sequence[int], tokens: Sequence[str]) -> Transcript:
-    language, text = parse_output(token_text(ids, tokens))
+def qwen3_transcript(ids: Sequence[int], tokens: Sequence[str], forced: str | None = None) -> Transcript:
+    language, text = parse_output(token_text(ids, tokens), forced)
     return Transcript(text=text, language=language)

@@ -26,9 +26,11 @@ from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_o
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3"
 CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))
 REFERENCE = np.load(FIXTURE / "reference.npz")
-SPECIAL = {250: "<|im_start|>", 251: "<|im_end|>", 252: "<|endoftext|>", 253: "<|audio_start|>",
+SPECIAL = {249: "<asr_text>", 250: "<|im_start|>", 251: "<|im_end|>", 252: "<|endoftext|>", 253: "<|audio_start|>",
            254: "<|audio_end|>", 255: "<|audio_pad|>"}  # the tiny preset's prompt ids (models/qwen3_asr.py)
-WORDS = {10: "system", 11: "user", 12: "assistant", 13: "Ċ"}
+# The template's words, and those of "language <Name>": "Cantonese" is two tokens here, so it cannot be forced.
+WORDS = {10: "system", 11: "user", 12: "assistant", 13: "Ċ", 20: "language", 21: "ĠEnglish", 22: "ĠChinese",
+         23: "ĠCant", 24: "onese"}
 
 
 def released_files() -> dict[str, bytes]:
@@ -40,7 +42,7 @@ def released_files() -> dict[str, bytes]:
               "thinker_config": {"audio_config": dims["audio"], "text_config": dims["text"],
                                  "audio_token_id": dims["prompt"]["audio_token_id"]}}
     state = torch.load(FIXTURE / "model.pt", map_location="cpu", weights_only=True)
-    vocab = {WORDS.get(i, f"t{i}"): i for i in range(250)}
+    vocab = {WORDS.get(i, f"t{i}"): i for i in range(249)}
     added = {str(i): {"content": text, "special": True} for i, text in SPECIAL.items()}
     return {"config.json": json.dumps(config).encode(), "model.safetensors": save(state),
             "vocab.json": json.dumps(vocab).encode(), "tokenizer_config.json": json.dumps({"added_tokens_decoder": added}).encode()}
@@ -80,7 +82,9 @@ def test_checkpoint_exports_the_reference_model(checkpoint, tmp_path):
                  "--max-new-tokens", str(CONFIG["max_new_tokens"]), "--precision", "fp32"]) == 0
     directory = read_model_directory(out)
     assert directory.manifest.source["kind"] == "checkpoint"
-    assert directory.manifest.dimensions["prompt"] == CONFIG["dims"]["prompt"]  # looked up by token text
+    prompt = dict(directory.manifest.dimensions["prompt"])  # looked up by token text
+    assert prompt.pop("languages") == {"zh": [20, 22, 249], "en": [20, 21, 249]}
+    assert prompt == CONFIG["dims"]["prompt"] and set(directory.manifest.languages) == {"auto", "zh", "en"}
     assert [directory.tokens[i] for i in SPECIAL] == list(SPECIAL.values()) and directory.tokens[13] == "Ċ"
     fp32 = decoder(out, "fp32")
     for clip in CONFIG["clips"]:

@@ -45,6 +45,7 @@ def test_manifest_lists_three_graphs_per_precision(model_dir):
     assert set(manifest.graphs) == {"fp32", "int8", "fp16"} and all(set(g) == set(GRAPHS) for g in manifest.graphs.values())
     shapes = Qwen3Shapes.from_dimensions(manifest.dimensions)
     assert shapes.container_samples == CONTAINER * 16000 and shapes.cache_slots == shapes.prompt_slots + MAX_NEW_TOKENS
+    assert "cache_step" not in manifest.dimensions["shapes"]  # how the cache grows is the server's choice
     assert len((model_dir / "tokens.txt").read_text(encoding="utf-8").splitlines()) == manifest.dimensions["vocab_size"]
 
 
@@ -92,6 +93,36 @@ def test_a_growing_cache_decodes_as_the_whole_cache_does(model_dir, precision):
     assert all(np.array_equal(a, b) for a, b in zip(grown.step_logits, whole.step_logits))
     assert [size for _, size in fed] == [min(shapes.cache_slots, -(-(position + 1) // 4) * 4) for position, _ in fed]
     assert fed[-1][1] < shapes.cache_slots and len({size for _, size in fed}) > 2
+
+
+def test_a_forced_language_decodes_as_the_pytorch_model(model_dir):
+    """A forced language ends the prompt as the reference's does ("<|im_start|>assistant\n" then "language
+    English<asr_text>"); the graphs decode it as the PyTorch model; the prompt slots have room for it."""
+    from pipeline.qwen3_decoding import forced_language_ids, prompt_ids
+
+    model = random_model("tiny", DEFAULT_SEED)
+    directory = read_model_directory(model_dir)
+    prompt, tokens = directory.manifest.dimensions["prompt"], directory.tokens
+    assert set(directory.manifest.languages) == {"auto", *prompt["languages"]} and "en" in prompt["languages"]
+    ids, length = prompt_ids(prompt, 3, 64, "en")
+    forced = list(prompt["languages"]["en"])
+    assert list(ids[0, length - len(forced) - len(prompt["suffix"]):length]) == [*prompt["suffix"], *forced]
+    assert "".join(tokens[i] for i in forced) == "languageĠEnglish<asr_text>"
+    audio = deterministic_waveform(7.9, seed=5)  # the whole container's audio tokens and the language
+    decoder = served_decoder(model_dir, "fp32")
+    container = np.zeros((1, decoder.shapes.container_samples), np.float32)
+    container[0, : len(audio)] = audio
+    with torch.no_grad():
+        mel, mel_lengths = model.features(torch.from_numpy(container), torch.tensor([len(audio)]))
+        expected = model.greedy_decode(mel, mel_lengths, MAX_NEW_TOKENS, language="en")[0]
+        embeds, token_lengths = model.encode(mel, mel_lengths)
+        expected_logits = model.prefill(*model.prompt_ids(token_lengths, decoder.shapes.prompt_slots, "en"), embeds)[0]
+    told = decoder.decode(audio, language="en")
+    assert told.tokens == expected
+    np.testing.assert_allclose(told.first_logits, expected_logits[0].numpy(), atol=1e-4)
+    assert np.abs(told.first_logits - decoder.decode(audio).first_logits).max() > 1e-2  # it was told
+    with pytest.raises(ValueError, match="cannot be told the language 'xx'"):
+        forced_language_ids(prompt, "xx")
 
 
 def test_audio_longer_than_the_container_is_refused(model_dir):

@@ -105,6 +105,29 @@ async def test_openai_upload_through_the_sdk(serve_test_server, qwen3_model_dir,
     assert len(verbose.segments) == len(speech.utterances) and verbose.text == plain.text
 
 
+async def test_a_forced_language_through_the_engine_the_stream_and_the_sdk(serve_test_server, engine,
+                                                                          qwen3_model_dir, speech):
+    """A language the client names is forced into the prompt (the reference's transcribe(language=...)): the
+    text comes back in it; one the model cannot be told is a clear error at every door."""
+    import openai
+
+    clip = speech.audio[: 3 * SAMPLE_RATE]
+    assert engine.transcribe(clip, language="zh").language == "zh" and engine.transcribe(clip).language is None
+    with pytest.raises(ProtocolError, match="unknown language 'xx'"):
+        engine.transcribe(clip, language="xx")
+    async with serve_test_server(qwen3_model_dir, token=TOKEN) as url:
+        async with connect(url, token=TOKEN, sample_rate=SAMPLE_RATE, language="zh") as stream:
+            await stream.send((clip * 32767).astype(np.int16))
+            await stream.stop()
+        verbose = await sdk(url).audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav16(clip)),
+                                                             language="en", response_format="verbose_json")
+        with pytest.raises(openai.BadRequestError, match="unknown language"):
+            await sdk(url).audio.transcriptions.create(model="whisper-1", file=("speech.wav", wav16(clip)),
+                                                       language="xx")
+    assert stream.finals and all(final.language == "zh" for final in stream.finals)
+    assert verbose.language == "english" and verbose.text
+
+
 def test_tokens_become_text_as_the_reference_parses_them():
     """Byte-level BPE to UTF-8 (a character split over tokens), the language tag, the repetition fix."""
     tokens = ["language", "ĠEnglish", "<asr_text>", "Hel", "lo", "Ġw", "orld", "Ġä", "½", "ł", "å¥½"]
@@ -174,13 +197,15 @@ async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_d
 ])
 def test_ladder_of_whole_windows(qwen3_model_dir, device, containers, expected):
     from pipeline.modeldir import read_model_directory
-    from pipeline.qwen3_decoding import Qwen3Shapes
+    from pipeline.qwen3_decoding import Qwen3Shapes, rung_shapes, window_geometry
     from pipeline.qwen3_engine import CPU_CACHE_STEP, qwen3_ladder
 
     dims = read_model_directory(qwen3_model_dir).manifest.dimensions
     ladder = qwen3_ladder(dims, device, containers)
     assert tuple(s.container_samples / SAMPLE_RATE for s in ladder) == expected
     cache_step = CPU_CACHE_STEP if device == "cpu" else 0  # the CPU's cache grows; a GPU's is compiled whole
+    top = Qwen3Shapes.from_dimensions(dims)  # the pipeline's prompt room is the exporter's (forced language included)
+    assert rung_shapes(dims, top.container_samples // window_geometry(dims)[0]) == top
     assert ladder[-1] == replace(Qwen3Shapes.from_dimensions(dims), cache_step=cache_step)
     for shapes in ladder:  # each prompt holds its windows' audio tokens; each cache that and max_new_tokens
         assert shapes.cache_slots - shapes.prompt_slots == shapes.max_new_tokens
