@@ -8,7 +8,7 @@ clip of --seconds, and the peak RSS of this process. Each stage is timed around 
 (best run of --repeat), never as a difference of two whole runs, which noise can make negative. Random
 weights never stop early, so the utterance decodes exactly --tokens tokens. Also printed: the largest
 logit difference and whether the tokens agree with the same clip decoded in the largest container over
-its whole cache from the first step.
+its whole prompt and cache.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import replace
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import provider_config
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder
-from pipeline.qwen3_engine import CPU_CACHE_STEP, create_qwen3_sessions, qwen3_ladder
+from pipeline.qwen3_engine import CPU_CACHE_STEP, CPU_PROMPT_STEP, create_qwen3_sessions, qwen3_ladder
 from pipeline.shapes import parse_containers
 
 from export.onnx_export import deterministic_waveform
@@ -61,15 +61,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-step", type=int, default=CPU_CACHE_STEP,
                         help=f"the step's cache grows in this many slots; 0: the whole cache from the first step "
                              f"(default {CPU_CACHE_STEP}, as the server on the CPU)")
+    parser.add_argument("--prompt-step", type=int, default=CPU_PROMPT_STEP,
+                        help=f"prefill runs over the prompt rounded up to this many slots; 0: the container's "
+                             f"whole prompt (default {CPU_PROMPT_STEP}, as the server on the CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
     directory = read_model_directory(args.model_dir)
     dims = directory.manifest.dimensions
-    ladder = [replace(shapes, cache_step=args.cache_step) for shapes in qwen3_ladder(dims, "cpu", args.containers)]
-    if not 0 < args.seconds * 16000 <= ladder[-1].container_samples or args.tokens < 2 or args.cache_step < 0:
+    ladder = [replace(shapes, cache_step=args.cache_step, prompt_step=args.prompt_step)
+              for shapes in qwen3_ladder(dims, "cpu", args.containers)]
+    if (not 0 < args.seconds * 16000 <= ladder[-1].container_samples or args.tokens < 2
+            or min(args.cache_step, args.prompt_step) < 0):
         raise ValueError(f"--seconds must fit the {ladder[-1].container_samples / 16000:g} s container, "
-                         "--tokens be >= 2 and --cache-step >= 0")
+                         "--tokens be >= 2 and --cache-step and --prompt-step >= 0")
     shapes = next(s for s in ladder if s.container_samples >= args.seconds * 16000)
     runners = create_qwen3_sessions(directory, args.precision, provider_config("cpu"), 0, 0, ladder,
                                     args.share_weights)
@@ -89,15 +94,15 @@ def run(args: argparse.Namespace) -> int:
         runs.append((whole, decoder.sessions[ENCODER].seconds, decoder.sessions[PREFILL].seconds,
                      1000 * steps.seconds / max(steps.calls, 1)))
     whole, encoder, prefill, ms_per_token = (min(figure) for figure in zip(*runs))
-    # The same clip in the largest container and whole cache, the same sessions: what the ladder and the
-    # growing cache must not change.
+    # The same clip in the largest container, whole prompt and cache, the same sessions: what the ladder and
+    # the clip-sized prompt and cache must not change.
     largest = Qwen3Decoder({g: runners[(g, ladder[-1].container_samples)].session for g in (ENCODER, PREFILL, STEP)},
-                           dims["prompt"], replace(ladder[-1], cache_step=0)).decode(audio, args.tokens)
+                           dims["prompt"], replace(ladder[-1], cache_step=0, prompt_step=0)).decode(audio, args.tokens)
     logits = [(result.first_logits, largest.first_logits), *zip(result.step_logits, largest.step_logits)]
     figures = {
         "precision": args.precision, "share_weights": args.share_weights,
         "container_seconds": shapes.container_samples / 16000, "prompt_slots": shapes.prompt_slots,
-        "cache_slots": shapes.cache_slots, "cache_step": shapes.cache_step,
+        "cache_slots": shapes.cache_slots, "cache_step": shapes.cache_step, "prompt_step": shapes.prompt_step,
         "encoder_s": encoder, "prefill_s": prefill, "ms_per_token": ms_per_token,
         f"whole_{args.seconds:g}s_utterance_s": whole, "tokens": len(result.tokens),
         "largest_container_max_abs_diff": max(float(abs(a - b).max()) for a, b in logits),

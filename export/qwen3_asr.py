@@ -192,7 +192,8 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
                 for path in directory.glob(f"{file}*"):  # the graph and its external weights
                     path.unlink()
 
-    exported = {k: v for k, v in vars(shapes).items() if k != "cache_step"}  # how a cache grows is the server's
+    # how prompt and cache follow a clip is the server's choice, not the export's
+    exported = {k: v for k, v in vars(shapes).items() if k not in ("cache_step", "prompt_step")}
     dims = model.dims.to_dict() | {"shapes": exported, "vocab_size": model.dims.text.vocab_size}
     manifest = ModelManifest(
         name=name, architecture="qwen3-asr", dimensions=dims, source=source, notice=notice, opset=OPSET,

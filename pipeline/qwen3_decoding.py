@@ -1,9 +1,10 @@
 """Qwen3-ASR's three graphs (encoder, prefill, step) driven at fixed shapes: audio in, greedy tokens out.
 
 numpy and onnxruntime only. Every call runs at shapes fixed by the container: the encoder at its samples,
-prefill at `prompt_slots`, each step at `cache_slots`, or, where `cache_step` is set (the CPU, whose
-sessions compile nothing per shape), over the slots in use rounded up to whole `cache_step`s: a step's
-cost grows with its cache, and its logits do not depend on the cache's length (models/qwen3_text.py). The
+prefill at `prompt_slots`, each step at `cache_slots`; or, where `prompt_step` and `cache_step` are set
+(the CPU, whose sessions compile nothing per shape), prefill over the prompt rounded up to whole
+`prompt_step`s and each step over the cache slots in use rounded up to whole `cache_step`s: their cost
+grows with those lengths, and their logits do not depend on them (padding invariance, `verify`). The
 prompt is the chat template around as many audio placeholders as the clip has audio tokens, padded to
 `prompt_slots`; the step's keys and values go to cache slot `position` here on the host (the graph returns
 them; no in-graph scatter). Decoding stops at an end-of-text id, at `max_new_tokens`, or when the cache is
@@ -30,16 +31,27 @@ class Qwen3Shapes:
     cache_slots: int
     max_new_tokens: int
     cache_step: int = 0  # > 0: the cache grows in steps of this many slots up to cache_slots; 0: all from the start
+    prompt_step: int = 0  # > 0: prefill runs over the prompt rounded up to this many slots; 0: all prompt_slots
 
     def cache_size(self, position: int) -> int:
         """The cache slots a step at `position` runs over: room for its own keys and values."""
         if not self.cache_step:
             return self.cache_slots
-        return min(self.cache_slots, -(-(position + 1) // self.cache_step) * self.cache_step)
+        return min(self.cache_slots, round_up(position + 1, self.cache_step))
+
+    def prompt_size(self, length: int) -> int:
+        """The prompt slots prefill runs over for a prompt of `length` tokens."""
+        if not self.prompt_step:
+            return self.prompt_slots
+        return min(self.prompt_slots, round_up(length, self.prompt_step))
 
     @classmethod
     def from_dimensions(cls, dimensions: dict) -> Qwen3Shapes:
         return cls(**dimensions["shapes"])
+
+
+def round_up(count: int, step: int) -> int:
+    return -(-count // step) * step
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,8 @@ def serving_overrides(dims: dict, shapes: Qwen3Shapes | None = None) -> dict[str
     shapes = shapes or Qwen3Shapes.from_dimensions(dims)
     window, _ = window_geometry(dims)
     return {ENCODER: {f"{window}*windows": shapes.container_samples},
-            PREFILL: {"prompt": shapes.prompt_slots, "audio_tokens": audio_slots(dims, shapes)},
+            PREFILL: {"audio_tokens": audio_slots(dims, shapes)} | ({} if shapes.prompt_step else
+                                                                    {"prompt": shapes.prompt_slots}),
             STEP: {} if shapes.cache_step else {"cache": shapes.cache_slots}}
 
 
@@ -143,8 +156,10 @@ class Qwen3Decoder:
                          prompt_slots: int | None = None, cache_slots: int | None = None,
                          ignore_eos: bool = False, language: str | None = None) -> Qwen3Result:
         """As decode, for a container [1, samples] already filled (what lies past `valid` is ignored);
-        prompt_slots/cache_slots other than the manifest's are for verification only; `ignore_eos` goes on
+        prompt_slots/cache_slots other than the manifest's are for verification only (prompt_slots: exactly
+        that many, never fewer by `prompt_step`); `ignore_eos` goes on
         past an end token (the warm-up, which must run every graph)."""
+        exact_prompt = prompt_slots is not None
         prompt_slots = prompt_slots or self.shapes.prompt_slots
         cache_slots = cache_slots or self.shapes.cache_slots
         limit = min(max_new_tokens or self.shapes.max_new_tokens, cache_slots)
@@ -152,6 +167,8 @@ class Qwen3Decoder:
             None, {"audio": container.astype(np.float32, copy=False), "audio_lengths": np.array([valid], np.int32)})
         audio_tokens = int(token_lengths[0])
         ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots, language)
+        if not exact_prompt:
+            ids = ids[:, : self.shapes.prompt_size(length)]
         logits, keys, values = self.sessions[PREFILL].run(
             None, {"prompt_ids": ids, "prompt_lengths": np.array([length], np.int64), "audio_embeds": embeds})
         sizing = replace(self.shapes, cache_slots=cache_slots)

@@ -33,10 +33,12 @@ ARCHITECTURE = "qwen3-asr"
 # hold is the same tensor and is loaded once; older exports' names (val_N) coincide by chance only.
 CONTENT_NAME_PREFIX = "sha1_"
 WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
-# On the CPU a step runs over the cache slots in use, rounded up to this many: its cost grows with the cache
-# (0.6B int8: 31-34 ms a token over 128 slots, 48 ms over 687; docs/benchmarks.md) and its logits do not
-# depend on the cache's length. A GPU keeps the one cache it was compiled for.
-CPU_CACHE_STEP = 64
+# On the CPU a step runs over the cache slots in use rounded up to CPU_CACHE_STEP, and prefill over the prompt
+# rounded up to CPU_PROMPT_STEP: their cost grows with those lengths (0.6B int8: a step 31-34 ms over 128
+# slots, 48 ms over 687; prefill 151-183 ms over 64 slots, 444-506 over 226; docs/benchmarks.md) and their
+# logits do not depend on them. A grown cache is copied, so it grows in larger steps. GPUs keep the one
+# prompt and cache they were compiled for.
+CPU_CACHE_STEP, CPU_PROMPT_STEP = 64, 16
 
 
 def qwen3_ladder(dims: dict, device: str, containers: tuple[float, ...] | None = None) -> list[Qwen3Shapes]:
@@ -45,16 +47,16 @@ def qwen3_ladder(dims: dict, device: str, containers: tuple[float, ...] | None =
     not the whole container's, and decodes exactly as it would in the whole container (padding invariance:
     `verify`). Elsewhere the export's container alone: one shape to compile. `containers` (seconds) are
     rounded up to whole windows; the export's container is always one (the segmenter cuts to it). On the
-    CPU the step's cache grows in CPU_CACHE_STEP slots."""
-    cache_step = CPU_CACHE_STEP if device == "cpu" else 0
-    top = replace(Qwen3Shapes.from_dimensions(dims), cache_step=cache_step)
+    CPU prefill's prompt and the step's cache follow the clip (CPU_PROMPT_STEP, CPU_CACHE_STEP)."""
+    steps = dict(cache_step=CPU_CACHE_STEP, prompt_step=CPU_PROMPT_STEP) if device == "cpu" else {}
+    top = replace(Qwen3Shapes.from_dimensions(dims), **steps)
     window, _ = window_geometry(dims)
     most = top.container_samples // window
     if containers:
         counts = {min(most, max(1, math.ceil(c * SAMPLE_RATE / window))) for c in containers}
     else:
         counts = set(range(1, most)) if device == "cpu" else set()
-    return [replace(rung_shapes(dims, k), cache_step=cache_step) for k in sorted(counts - {most})] + [top]
+    return [replace(rung_shapes(dims, k), **steps) for k in sorted(counts - {most})] + [top]
 
 
 def create_qwen3_sessions(model: ModelDirectory, precision: str, config: ProviderConfig, threads: int,

@@ -16,7 +16,7 @@ from export.onnx_export import deterministic_waveform
 from export.qwen3_asr import DEFAULT_SEED, random_model
 from export.verify import verify
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import GRAPHS, STEP, Qwen3Decoder, Qwen3Shapes
+from pipeline.qwen3_decoding import GRAPHS, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
 
 CONTAINER, MAX_NEW_TOKENS = 8.0, 16  # conftest.py qwen3_model_dir exports the tiny preset with these
 
@@ -45,7 +45,7 @@ def test_manifest_lists_three_graphs_per_precision(model_dir):
     assert set(manifest.graphs) == {"fp32", "int8", "fp16"} and all(set(g) == set(GRAPHS) for g in manifest.graphs.values())
     shapes = Qwen3Shapes.from_dimensions(manifest.dimensions)
     assert shapes.container_samples == CONTAINER * 16000 and shapes.cache_slots == shapes.prompt_slots + MAX_NEW_TOKENS
-    assert "cache_step" not in manifest.dimensions["shapes"]  # how the cache grows is the server's choice
+    assert not {"cache_step", "prompt_step"} & set(manifest.dimensions["shapes"])  # the server's choice
     assert len((model_dir / "tokens.txt").read_text(encoding="utf-8").splitlines()) == manifest.dimensions["vocab_size"]
 
 
@@ -71,28 +71,36 @@ def test_onnx_decoder_equals_the_pytorch_model(model_dir):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])
-def test_a_growing_cache_decodes_as_the_whole_cache_does(model_dir, precision):
-    """Where the step's cache grows with the tokens (the CPU: Qwen3Shapes.cache_step), every logit is
-    bit-identical and the tokens equal to decoding over the whole cache from the first step; the steps ran
-    over grown caches, each holding its own slot."""
+def test_a_clip_sized_prompt_and_growing_cache_decode_as_the_whole_ones_do(model_dir, precision):
+    """Where prefill's prompt and the step's cache follow the clip (the CPU: Qwen3Shapes.prompt_step and
+    cache_step), every logit is bit-identical and the tokens equal to decoding over the container's whole
+    prompt and cache; prefill ran over the rounded-up prompt, the steps over grown caches, each holding its
+    own slot."""
     whole_decoder = served_decoder(model_dir, precision)
-    shapes = whole_decoder.shapes
-    step, fed = whole_decoder.sessions[STEP], []
+    shapes, sessions = whole_decoder.shapes, whole_decoder.sessions
+    fed: dict[str, list] = {PREFILL: [], STEP: []}
 
-    class RecordingStep:
+    class Recording:
+        def __init__(self, graph):
+            self.graph = graph
+
         def run(self, names, feed):
-            fed.append((int(feed["positions"][0]), feed["cache_keys"].shape[3]))
-            return step.run(names, feed)
+            fed[self.graph].append((int(feed["positions"][0]), feed["cache_keys"].shape[3]) if self.graph == STEP
+                                   else (int(feed["prompt_lengths"][0]), feed["prompt_ids"].shape[1]))
+            return sessions[self.graph].run(names, feed)
 
     audio = deterministic_waveform(3.3, seed=5)
     whole = whole_decoder.decode(audio)
-    grown = Qwen3Decoder({**whole_decoder.sessions, STEP: RecordingStep()}, whole_decoder.prompt,
-                         replace(shapes, cache_step=4)).decode(audio)
-    assert grown.tokens == whole.tokens and len(grown.tokens) == MAX_NEW_TOKENS  # random weights never stop
-    assert len(grown.step_logits) == len(whole.step_logits)
-    assert all(np.array_equal(a, b) for a, b in zip(grown.step_logits, whole.step_logits))
-    assert [size for _, size in fed] == [min(shapes.cache_slots, -(-(position + 1) // 4) * 4) for position, _ in fed]
-    assert fed[-1][1] < shapes.cache_slots and len({size for _, size in fed}) > 2
+    clip_sized = Qwen3Decoder({**sessions, PREFILL: Recording(PREFILL), STEP: Recording(STEP)}, whole_decoder.prompt,
+                              replace(shapes, cache_step=4, prompt_step=8)).decode(audio)
+    assert clip_sized.tokens == whole.tokens and len(whole.tokens) == MAX_NEW_TOKENS  # random weights never stop
+    assert np.array_equal(clip_sized.first_logits, whole.first_logits)
+    assert len(clip_sized.step_logits) == len(whole.step_logits)
+    assert all(np.array_equal(a, b) for a, b in zip(clip_sized.step_logits, whole.step_logits))
+    [(length, prompt)] = fed[PREFILL]
+    assert prompt == -(-length // 8) * 8 < shapes.prompt_slots
+    assert [size for _, size in fed[STEP]] == [-(-(position + 1) // 4) * 4 for position, _ in fed[STEP]]
+    assert fed[STEP][-1][1] < shapes.cache_slots and len({size for _, size in fed[STEP]}) > 2
 
 
 def test_a_forced_language_decodes_as_the_pytorch_model(model_dir):

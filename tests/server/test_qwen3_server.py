@@ -198,16 +198,16 @@ async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_d
 def test_ladder_of_whole_windows(qwen3_model_dir, device, containers, expected):
     from pipeline.modeldir import read_model_directory
     from pipeline.qwen3_decoding import Qwen3Shapes, rung_shapes, window_geometry
-    from pipeline.qwen3_engine import CPU_CACHE_STEP, qwen3_ladder
+    from pipeline.qwen3_engine import CPU_CACHE_STEP, CPU_PROMPT_STEP, qwen3_ladder
 
     dims = read_model_directory(qwen3_model_dir).manifest.dimensions
     ladder = qwen3_ladder(dims, device, containers)
     assert tuple(s.container_samples / SAMPLE_RATE for s in ladder) == expected
-    cache_step = CPU_CACHE_STEP if device == "cpu" else 0  # the CPU's cache grows; a GPU's is compiled whole
+    steps = dict(cache_step=CPU_CACHE_STEP, prompt_step=CPU_PROMPT_STEP) if device == "cpu" else {}  # a GPU's: whole
     top = Qwen3Shapes.from_dimensions(dims)  # the pipeline's prompt room is the exporter's (forced language included)
     assert rung_shapes(dims, top.container_samples // window_geometry(dims)[0]) == top
-    assert ladder[-1] == replace(Qwen3Shapes.from_dimensions(dims), cache_step=cache_step)
+    assert ladder[-1] == replace(Qwen3Shapes.from_dimensions(dims), **steps)
     for shapes in ladder:  # each prompt holds its windows' audio tokens; each cache that and max_new_tokens
         assert shapes.cache_slots - shapes.prompt_slots == shapes.max_new_tokens
-        assert shapes.cache_step == cache_step
+        assert (shapes.cache_step, shapes.prompt_step) == (steps.get("cache_step", 0), steps.get("prompt_step", 0))
     assert [s.prompt_slots for s in ladder] == sorted({s.prompt_slots for s in ladder})
