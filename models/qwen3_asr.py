@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
+
+from pipeline import qwen3_decoding
 
 from .qwen3_audio import AudioEncoder, audio_token_lengths
 from .qwen3_frontend import WhisperLogMel
@@ -89,20 +92,6 @@ class PromptTokens:
     # Language code -> the ids of "language <Name><asr_text>", which the reference appends to the prompt to
     # force that language (its output is then the text alone); from the checkpoint's tokenizer.
     languages: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-    def language_ids(self, language: str | None) -> tuple[int, ...]:
-        """The forced-language ids of `language` (None: none, the model names the language itself)."""
-        if language is None:
-            return ()
-        if language not in self.languages:
-            raise ValueError(f"the model cannot be told the language {language!r} (it knows "
-                             f"{', '.join(sorted(self.languages)) or 'none'})")
-        return tuple(self.languages[language])
-
-    @property
-    def language_slots(self) -> int:
-        """Prompt room for the longest forced language."""
-        return max(map(len, self.languages.values()), default=0)
 
 
 @dataclass(frozen=True)
@@ -237,23 +226,19 @@ class Qwen3ASR(nn.Module):
 
 
 def prompt_capacity(dims: Qwen3ASRDimensions, audio_slots: int) -> int:
-    """Prompt slots for a container of `audio_slots` audio tokens (and the longest forced language)."""
-    return len(dims.prompt.prefix) + audio_slots + len(dims.prompt.suffix) + dims.prompt.language_slots
+    """Prompt slots for a container of `audio_slots` audio tokens (and the longest forced language): the
+    serving pipeline's own count, so the export and the server agree."""
+    return qwen3_decoding.prompt_capacity(dataclasses.asdict(dims.prompt), audio_slots)
 
 
 def build_prompt_ids(dims: Qwen3ASRDimensions, token_lengths: list[int], prompt_slots: int,
-                     language: str | None = None):
-    prompt = dims.prompt
-    forced = prompt.language_ids(language)
-    ids = torch.full((len(token_lengths), prompt_slots), prompt.eos_token_ids[-1], dtype=torch.int64)
-    lengths = []
-    for row, count in enumerate(token_lengths):
-        row_ids = [*prompt.prefix, *([prompt.audio_token_id] * count), *prompt.suffix, *forced]
-        if len(row_ids) > prompt_slots:
-            raise ValueError(f"prompt of {len(row_ids)} tokens exceeds {prompt_slots} slots")
-        ids[row, : len(row_ids)] = torch.tensor(row_ids)
-        lengths.append(len(row_ids))
-    return ids, torch.tensor(lengths, dtype=torch.int64)
+                     language: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's prompt as the serving pipeline builds it (pipeline/qwen3_decoding.py prompt_ids): ids
+    [B, prompt_slots], lengths [B]."""
+    rows = [qwen3_decoding.prompt_ids(dataclasses.asdict(dims.prompt), count, prompt_slots, language)
+            for count in token_lengths]
+    return (torch.from_numpy(np.concatenate([ids for ids, _ in rows])),
+            torch.tensor([length for _, length in rows], dtype=torch.int64))
 
 
 def load_qwen3_state(model: Qwen3ASR, state: dict[str, torch.Tensor]) -> None:

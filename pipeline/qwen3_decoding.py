@@ -82,22 +82,20 @@ def rung_shapes(dims: dict, windows: int) -> Qwen3Shapes:
     tokens, the cache that prompt and the manifest's max_new_tokens (the manifest's own shapes at its
     container)."""
     window, window_tokens = window_geometry(dims)
-    top, template = Qwen3Shapes.from_dimensions(dims), dims["prompt"]
-    prompt = (len(template["prefix"]) + windows * window_tokens + len(template["suffix"])
-              + max(map(len, template.get("languages", {}).values()), default=0))  # models/qwen3_asr.py prompt_capacity
+    top, prompt = Qwen3Shapes.from_dimensions(dims), prompt_capacity(dims["prompt"], windows * window_tokens)
     return Qwen3Shapes(windows * window, prompt, prompt + top.max_new_tokens, top.max_new_tokens)
 
 
 def serving_overrides(dims: dict, shapes: Qwen3Shapes | None = None) -> dict[str, dict[str, int]]:
-    """Graph -> the sizes of its free axes at `shapes` (default: the manifest's; the encoder's axis is
-    named by torch.export as "<window samples>*windows" and is fixed at the container's samples; a growing
-    cache stays free)."""
+    """Graph -> the sizes of its free axes at `shapes` (default: the manifest's), every axis fixed as a GPU
+    compiles it (`shapes`' prompt_step and cache_step are the CPU's, whose sessions keep their axes free;
+    the encoder's axis is named by torch.export as "<window samples>*windows" and is fixed at the
+    container's samples)."""
     shapes = shapes or Qwen3Shapes.from_dimensions(dims)
     window, _ = window_geometry(dims)
     return {ENCODER: {f"{window}*windows": shapes.container_samples},
-            PREFILL: {"audio_tokens": audio_slots(dims, shapes)} | ({} if shapes.prompt_step else
-                                                                    {"prompt": shapes.prompt_slots}),
-            STEP: {} if shapes.cache_step else {"cache": shapes.cache_slots}}
+            PREFILL: {"prompt": shapes.prompt_slots, "audio_tokens": audio_slots(dims, shapes)},
+            STEP: {"cache": shapes.cache_slots}}
 
 
 def forced_language_ids(prompt: dict, language: str | None) -> list[int]:
@@ -109,6 +107,13 @@ def forced_language_ids(prompt: dict, language: str | None) -> list[int]:
         raise ValueError(f"the model cannot be told the language {language!r} (it knows "
                          f"{', '.join(sorted(known)) or 'none'})")
     return list(known[language])
+
+
+def prompt_capacity(prompt: dict, audio_tokens: int) -> int:
+    """Prompt slots for `audio_tokens` audio placeholders and the longest forced language (prompt: the
+    manifest's dimensions["prompt"], or models/qwen3_asr.py PromptTokens as a dict)."""
+    forced = max(map(len, prompt.get("languages", {}).values()), default=0)
+    return len(prompt["prefix"]) + audio_tokens + len(prompt["suffix"]) + forced
 
 
 def prompt_ids(prompt: dict, audio_tokens: int, slots: int, language: str | None = None) -> tuple[np.ndarray, int]:

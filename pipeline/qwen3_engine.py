@@ -4,8 +4,10 @@ The engine (pipeline/engine.py) keeps its contract: load() creates and warms eve
 outgrows the largest container is an InferenceError, each session run goes through the engine's counted,
 fault-checked `_infer`. What differs from the one-graph families: the containers are whole numbers of
 attention windows up to the export's (qwen3_ladder), batch 1, and three graphs (encoder, prefill, step)
-instead of one; each container has its three runners, warmed at its shapes, so no call runs at a shape
-that was not warmed.
+instead of one; each container has its three runners, warmed with it. On a GPU every axis is fixed at
+the container's shapes, so no call runs at a shape that was not compiled; on the CPU the axes stay free
+(ONNX Runtime's CPU kernels compile nothing per shape) and prefill's prompt and the step's cache follow
+the clip.
 A clip is decoded greedily (pipeline/qwen3_decoding.py) and its tokens become a Transcript
 (pipeline/qwen3_text.py). A partial decodes the open segment like a final.
 """
