@@ -36,10 +36,10 @@ ARCHITECTURE = "qwen3-asr"
 CONTENT_NAME_PREFIX = "sha1_"
 WARMUP_TOKENS = 2  # prefill's token and one step: every graph runs once
 # On the CPU a step runs over the cache slots in use rounded up to CPU_CACHE_STEP, and prefill over the prompt
-# rounded up to CPU_PROMPT_STEP: their cost grows with those lengths (0.6B int8: a step 31-34 ms over 128
-# slots, 48 ms over 687; prefill 151-183 ms over 64 slots, 444-506 over 226; docs/benchmarks.md) and their
-# logits do not depend on them. A grown cache is copied, so it grows in larger steps. GPUs keep the one
-# prompt and cache they were compiled for.
+# rounded up to CPU_PROMPT_STEP: their cost grows with those lengths (0.6B int8, a 10 s clip, `bench qwen3`
+# against --cache-step 0 --prompt-step 0: 34-40 ms a token against 45-47, prefill 0.31-0.33 s against
+# 0.45-0.47; docs/benchmarks.md) and their logits do not depend on them. A grown cache is copied, so it
+# grows in larger steps. GPUs keep the one prompt and cache they were compiled for.
 CPU_CACHE_STEP, CPU_PROMPT_STEP = 64, 16
 
 
