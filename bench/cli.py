@@ -8,15 +8,15 @@ import logging
 import sys
 
 COMMANDS = {
-    "model": ("bench.model", "time one inference per container and per shape policy (and the peer)"),
-    "paraformer": ("bench.paraformer", "one Paraformer inference (the serving path), ours against FunASR's export"),
-    "qwen3": ("bench.qwen3", "CPU seconds of a Qwen3-ASR directory: encoder, prefill, per token, a whole utterance"),
-    "load": ("bench.load", "N concurrent real-time streams against a server: latency and capacity"),
-    "failover": ("bench.failover", "resumable streams through HAProxy while one server drains and one is killed"),
-    "train": ("bench.train", "seconds per training step of the demo model, fp32 against bf16"),
-    "silence": ("bench.silence", "WER per door (upload, stream, Realtime) and per second of silence before speech"),
-    "frameworks": ("bench.frameworks", "WER per door with pipecat's and LiveKit's own clients beside upload and Realtime"),
-    "report": ("bench.report", "write docs/benchmarks.md sections and the latency plot from saved results"),
+    "model": (".model", "time one inference per container and per shape policy (and the peer)"),
+    "paraformer": (".paraformer", "one Paraformer inference (the serving path), ours against FunASR's export"),
+    "qwen3": (".qwen3", "CPU seconds of a Qwen3-ASR directory: encoder, prefill, per token, a whole utterance"),
+    "load": (".load", "N concurrent real-time streams against a server: latency and capacity"),
+    "failover": (".failover", "resumable streams through HAProxy while one server drains and one is killed"),
+    "train": (".train", "seconds per training step of the demo model, fp32 against bf16"),
+    "silence": (".silence", "WER per door (upload, stream, Realtime) and per second of silence before speech"),
+    "frameworks": (".frameworks", "WER per door with pipecat's and LiveKit's own clients beside upload and Realtime"),
+    "report": (".report", "write docs/benchmarks.md sections and the latency plot from saved results"),
 }
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:  # import only the command that runs
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(module_name, __package__)
             module.add_arguments(command)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

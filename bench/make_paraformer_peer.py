@@ -50,7 +50,7 @@ def export_peer(size: str, seed: int, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return peer_main(argv, "bench.make_paraformer_peer", __doc__, export_peer, "export.paraformer")
+    return peer_main(argv, "bench.make_paraformer_peer", __doc__, export_peer, "paraformer")
 
 
 if __name__ == "__main__":

@@ -87,22 +87,22 @@ def write_peer(ours, peer, out: Path, info: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return peer_main(argv, "bench.make_peer", __doc__, export_peer, "export.sensevoice")
+    return peer_main(argv, "bench.make_peer", __doc__, export_peer, "sensevoice")
 
 
-def peer_main(argv: list[str] | None, prog: str, doc: str, export_peer, seed_module: str) -> int:
+def peer_main(argv: list[str] | None, prog: str, doc: str, export_peer, export_module: str) -> int:
     """The command line of a peer script: `export_peer(size, seed, out)` under a Python with funasr."""
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", default="full", choices=("full", "tiny"))
-    parser.add_argument("--seed", type=int, default=None, help=f"default: {seed_module}.DEFAULT_SEED")
+    parser.add_argument("--seed", type=int, default=None, help=f"default: export/{export_module}.py's DEFAULT_SEED")
     args = parser.parse_args(argv)
     try:
         import funasr  # noqa: F401
     except ModuleNotFoundError:
         print("error: funasr is not installed in this Python (use /opt/funasr-venv/bin/python)", file=sys.stderr)
         return 2
-    default_seed = importlib.import_module(seed_module).DEFAULT_SEED
+    default_seed = importlib.import_module(f"export.{export_module}").DEFAULT_SEED
     info = export_peer(args.size, default_seed if args.seed is None else args.seed, args.out)
     print(json.dumps(info))
     return 0

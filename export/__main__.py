@@ -10,33 +10,34 @@ import sys
 from pipeline.errors import UnipadError
 
 COMMANDS = {
-    "pull": ("export.pull", "download a model by name (e.g. sensevoice-small), export, verify and cache it"),
-    "sensevoice": ("export.sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
-    "paraformer": ("export.paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
-    "qwen3-asr": ("export.qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
-    "verify": ("export.verify", "check padding invariance, operators and static shapes of a model directory"),
-    "add-decoding": ("export.decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
-    "train-demo": ("export.train_demo", "train and export the shipped demo model on synthetic speech"),
-    "eval": ("export.evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
-    "eval-hotwords": ("export.hotword_eval", "WER and hotword recall with and without hotwords; beam search time"),
+    "pull": (".pull", "download a model by name (e.g. sensevoice-small), export, verify and cache it"),
+    "sensevoice": (".sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
+    "paraformer": (".paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
+    "qwen3-asr": (".qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
+    "verify": (".verify", "check padding invariance, operators and static shapes of a model directory"),
+    "add-decoding": (".decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
+    "train-demo": (".train_demo", "train and export the shipped demo model on synthetic speech"),
+    "eval": (".evaluate", "WER and sentence accuracy of a model directory on a held-out set"),
+    "eval-hotwords": (".hotword_eval", "WER and hotword recall with and without hotwords; beam search time"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m export", description="Export, verify, train and evaluate models.")
+    parser = argparse.ArgumentParser(prog="unipad-export" if __package__ != "export" else "python -m export", description="Export, verify, train and evaluate models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     module = None
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:  # import only the command that runs: --help stays instant
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(module_name, __package__)
             module.add_arguments(command)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    above = __package__.rpartition(".")[0]  # "unipad_asr" in an installed copy (unipad_asr/__init__.py)
     for name in ("export", "models", "pipeline"):
-        logging.getLogger(name).setLevel(logging.INFO)
+        logging.getLogger(f"{above}.{name}" if above else name).setLevel(logging.INFO)
     try:
         return module.run(args)
     except ModuleNotFoundError as exc:

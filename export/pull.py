@@ -120,7 +120,7 @@ def export_and_verify(entry, staging: Path, out: Path, precisions: tuple[str, ..
     """Export into a hidden sibling of `out`, run `verify` on it, and only then rename it to `out`."""
     from .verify import DEFAULT_LENGTHS, verify
 
-    exporter = importlib.import_module(entry.exporter)
+    exporter = importlib.import_module(f".{entry.exporter}", __package__)
     unverified = out.parent / f".{out.name}.unverified"
     # left by a killed run (this pull holds the lock): our directory, and write_model_dir's temporary sibling of it
     for stale in [unverified, *out.parent.glob(f".{unverified.name}.*")]:

@@ -6,7 +6,7 @@
 UNIPAD_HOME defaults to the user's cache directory (~/.cache/unipad, %LOCALAPPDATA%\\unipad,
 ~/Library/Caches/unipad). Importable without torch or a hub client: the server resolves names with it.
 
-Adding a model (e.g. `paraformer-zh`): one `CatalogModel` in MODELS below, whose `exporter` module has
+Adding a model (e.g. `paraformer-zh`): one `CatalogModel` in MODELS below, whose `exporter` module of export/ has
 `export_checkpoint(directory, out, precisions, name, source) -> Path` (export/sensevoice.py is the
 example) turning the downloaded released files into a model directory.
 """
@@ -48,7 +48,7 @@ class HubSource:
 class CatalogModel:
     name: str
     description: str
-    exporter: str  # module with export_checkpoint(...), see the module docstring
+    exporter: str  # the module of export/ with export_checkpoint(...), see the module docstring
     sources: tuple[HubSource, ...]  # in order of preference
     files: tuple[HubFile, ...]
 
@@ -74,7 +74,7 @@ class CatalogModel:
 SENSEVOICE_SMALL = CatalogModel(
     name="sensevoice-small",
     description="SenseVoiceSmall: zh, en, yue, ja, ko speech recognition with language, emotion and event tags",
-    exporter="export.sensevoice",
+    exporter="sensevoice",
     sources=(
         HubSource("hf", "FunAudioLLM/SenseVoiceSmall", "3847d57b6bdf2dd8875cb1508d2af43d80a16bf7"),
         HubSource("modelscope", "iic/SenseVoiceSmall", "master"),
@@ -97,7 +97,7 @@ SENSEVOICE_SMALL = CatalogModel(
 QWEN3_ASR_0_6B = CatalogModel(
     name="qwen3-asr-0.6b",
     description="Qwen3-ASR-0.6B: 30 languages and 22 Chinese dialects, language identification (LLM decoder)",
-    exporter="export.qwen3_asr",
+    exporter="qwen3_asr",
     sources=(HubSource("hf", "Qwen/Qwen3-ASR-0.6B", "5eb144179a02acc5e5ba31e748d22b0cf3e303b0"),),
     files=(
         HubFile("config.json", 6_193, "76d3ae4601ce939830b2517f4a6cadb86cc51316c3900af6b020b051c21a478c"),

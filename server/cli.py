@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         code = asyncio.run(server.serve())
     except OSError as exc:  # e.g. the port is taken
         if config.log_format == "json":  # every stderr line stays one JSON object for the log collector
-            logging.getLogger("server.cli").error("unipad: error: %s", exc)
+            logging.getLogger(__name__).error("unipad: error: %s", exc)
         else:
             print(f"unipad: error: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """README's first commands as a new user on a plain Debian/Ubuntu runs them: only `python3` (no `python`
 command; its system site-packages refuse pip, "externally-managed-environment"), so a virtual
-environment first, then `pip install -e . && python -m server`, and `bash .ci/run`.
+environment first, then `pip install -e . && unipad`, and `bash .ci/run`.
 
 `.ci/run` makes `.venv` with `python3` and installs the project there with `pip install -e`; run inside
 it, the last test starts README's server command from that environment, on a PATH holding no other
@@ -37,7 +37,7 @@ def first_commands() -> list[str]:
 def test_readme_opens_with_a_venv_then_two_commands() -> None:
     venv, install_and_serve, run_tests = first_commands()
     assert re.fullmatch(r"python3 -m venv (\S+) && \. \1/bin/activate", venv), venv  # python3: on every Debian
-    assert install_and_serve == "pip install -e . && python -m server"  # `python`: the venv's
+    assert install_and_serve == "pip install -e . && unipad"  # the installed command, from any folder
     assert run_tests == "bash .ci/run"
 
 
@@ -75,10 +75,12 @@ def test_readme_server_command_from_a_venv_made_with_python3(tmp_path: Path) -> 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), *PLAIN_PATH]), VIRTUAL_ENV=sys.prefix)
-    # Outside the checkout, so what serves is what `pip install -e .` installed, not the working directory.
-    where = subprocess.run(["python", "-c", "import server; print(server.__file__)"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(where) == ROOT / "server" / "__init__.py", where  # the editable install of this checkout
+    # Outside the checkout, so what serves is what `pip install -e .` installed, not the working directory:
+    # this checkout's files under the one installed name (unipad_asr/__init__.py), and no bare `server`.
+    where = subprocess.run(["python", "-c", "import unipad_asr.server as s, importlib.util as u; "
+                            "print(s.__file__, u.find_spec('server'))"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert where == [str(ROOT / "server" / "__init__.py"), "None"], where  # the editable install of this checkout
     server = subprocess.Popen(["bash", "-c", f"exec {serve} --port {port}"], cwd=tmp_path, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -50,6 +50,15 @@ def test_compose_servers_match_haproxy_and_drain_in_time(monkeypatch):
     assert ipaddress.ip_address(haproxy_address) not in ipaddress.ip_network(subnet["ip_range"])
 
 
+def test_the_stats_page_stays_on_loopback():
+    """HAProxy's stats page has no password: it binds the loopback unless told otherwise, and compose
+    publishes it on the host's loopback only (the balancer's port, 8765, on every interface)."""
+    config = (DEPLOY / "haproxy.cfg").read_text()
+    assert re.search(r'^\s*bind "\$\{UNIPAD_LB_STATS-127\.0\.0\.1:8404\}"$', config, re.M)
+    ports = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["haproxy"]["ports"]
+    assert sorted(ports) == ["127.0.0.1:8404:8404", "8765:8765"]
+
+
 def test_haproxy_forwards_the_client_and_cuts_the_streams_of_a_dead_server():
     """The settings the failover and client-address tests rely on, with the reasons in haproxy.cfg."""
     config = (DEPLOY / "haproxy.cfg").read_text()
@@ -86,11 +95,13 @@ def test_kubernetes_probes_grace_period_and_autoscaler():
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.cuda"])
 def test_dockerfiles_copy_every_package(dockerfile):
     text = (DEPLOY / dockerfile).read_text()
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
     copied = re.findall(r"^COPY (\S+) \./", text, re.M)
-    assert set(packages) <= set(copied), (packages, copied)
+    assert {"unipad_asr", *folders} <= set(copied), (folders, copied)  # what the wheel is built from
     assert all((ROOT / path).exists() for path in copied)
     assert "--host\", \"0.0.0.0\"" in text and "STOPSIGNAL SIGTERM" in text
+    assert re.search(r"^RUN pip3? install --no-cache-dir \. ", text, re.M)  # a wheel, not an editable checkout
+    assert 'ENTRYPOINT ["unipad", ' in text  # the installed command
 
 
 @pytest.mark.skipif(haproxy_binary() is None, reason="HAProxy is not installed (Debian: apt-get install haproxy)")
