@@ -42,7 +42,8 @@ def server_args(model: Path, threads: int, server_log: Path | None = None,
 class Balancer:
     """HAProxy with deploy/haproxy.cfg in front of `ports` on 127.0.0.1."""
 
-    def __init__(self, ports: list[int]) -> None:
+    def __init__(self, ports: list[int], settings: dict[str, str] | None = None) -> None:
+        """settings: more of haproxy.cfg's variables (UNIPAD_LB_AUTH_FAILURES, ...)."""
         binary = haproxy_binary()
         if binary is None:
             raise UnipadError("haproxy is not installed (Debian: apt-get install haproxy)")
@@ -51,7 +52,7 @@ class Balancer:
         self.port, self.stats_port = free_port(), free_port()
         env = {**os.environ, "UNIPAD_LB_BIND": f"127.0.0.1:{self.port}",
                "UNIPAD_LB_STATS": f"127.0.0.1:{self.stats_port}"}
-        env |= {f"UNIPAD_SERVER_{i + 1}": f"127.0.0.1:{port}" for i, port in enumerate(ports)}
+        env |= {f"UNIPAD_SERVER_{i + 1}": f"127.0.0.1:{port}" for i, port in enumerate(ports)} | (settings or {})
         self.log = tempfile.TemporaryFile()
         # -db: stay in the foreground, so SIGTERM to this pid stops it.
         self.process = subprocess.Popen([binary, "-db", "-f", str(HAPROXY_CONFIG)], env=env, cwd=ROOT,
@@ -97,8 +98,9 @@ class Cluster:
     server is ready and up in HAProxy; leaving stops whatever is still running."""
 
     def __init__(self, model: Path, max_sessions: int, threads: int = 1, ready_timeout: float = 120.0,
-                 server_options: tuple[str, ...] = ()) -> None:
+                 server_options: tuple[str, ...] = (), balancer_settings: dict[str, str] | None = None) -> None:
         self.args = server_args(model, threads, options=server_options)
+        self.balancer_settings = balancer_settings
         self.max_sessions = max_sessions
         self.ready_timeout = ready_timeout
         self.servers: list[ServerProcess] = []
@@ -112,7 +114,7 @@ class Cluster:
         try:
             self.servers = [ServerProcess(self.args, self.max_sessions) for _ in range(SERVERS)]
             await asyncio.gather(*(s.wait_ready(self.ready_timeout) for s in self.servers))
-            self.balancer = Balancer([s.port for s in self.servers])
+            self.balancer = Balancer([s.port for s in self.servers], self.balancer_settings)
             for i in range(SERVERS):
                 await self.balancer.wait_status(self.name(i), "UP")
         except BaseException:
