@@ -32,7 +32,7 @@ from .http import client_address, json_response, note_client_address, request_to
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
-from .protocol import Final, TokenTime
+from .protocol import STREAM_PATH, Final, TokenTime
 from .worker import BATCH, Job
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ def check_path(method: str, path: str) -> None:
     if path == TRANSLATIONS_PATH:
         raise ApiError(404, "Translation is not supported: this server only transcribes, in the language "
                        f"spoken (POST {TRANSCRIPTIONS_PATH})", code="unsupported_endpoint")
-    if path != TRANSCRIPTIONS_PATH:
-        raise ApiError(404, f"Invalid URL ({method} {path})")
+    if path != TRANSCRIPTIONS_PATH:  # OpenAI's words, then where a mistyped path probably meant to go
+        raise ApiError(404, f"Invalid URL ({method} {path}); use {STREAM_PATH} to stream (WebSocket) or "
+                       f"POST {TRANSCRIPTIONS_PATH} to upload a file")
 
 
 def get_response(app: Server, connection: ServerConnection, request: Request, path: str) -> Response:

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+import websockets
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.engine import Engine, EngineOptions
@@ -121,6 +122,26 @@ async def test_stream_path_with_a_trailing_slash(serve_test_server, speech):
         status, headers, body = await http_get(url.http, "/v1/stream/")
     assert streamed.messages[-1] == {"type": "done", "segments": len(speech.utterances)}
     assert status == 426 and headers["upgrade"] == "websocket" and b"WebSocket" in body
+
+
+async def test_a_mistyped_path_under_v1_gets_the_same_hint_as_elsewhere(serve_test_server):
+    """`/v1/streamx` got OpenAI's bare JSON 404 while `/foo` said where the stream is: both say it now, a
+    WebSocket handshake in text as at `/foo`, plain HTTP in OpenAI's error shape."""
+    async with serve_test_server() as url:
+        base = url.rsplit("/v1/", 1)[0]
+        refused = {}
+        for path in ("/v1/streamx", "/foo"):
+            with pytest.raises(websockets.InvalidStatus) as caught:
+                async with websockets.connect(base + path):
+                    pass
+            refused[path] = caught.value.response
+        status, _, body = await http_get(url.http, "/v1/streamx")
+    for path, answer in refused.items():
+        assert answer.status_code == 404
+        assert answer.body.decode() == f"no WebSocket endpoint at {path}; use /v1/stream" + (
+            " (or /v1/realtime for OpenAI Realtime)\n" if path.startswith("/v1/") else "\n")
+    error = json.loads(body)["error"]
+    assert status == 404 and error["message"].startswith("Invalid URL (GET /v1/streamx); use /v1/stream")
 
 
 async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
