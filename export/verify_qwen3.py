@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelDirectory
-from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_ids, window_geometry
+from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_length, window_geometry
 
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
 from .verify import _passed, errors, make_session
@@ -83,7 +83,7 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
             container[0, : len(audio)] = audio  # garbage after the clip must not matter
             padded = served_decoder.decode_container(container, len(audio), VERIFY_TOKENS)
             own_samples = -(-len(audio) // window) * window
-            own_prompt = prompt_ids(dims["prompt"], padded.audio_tokens, 1 << 30)[1]
+            own_prompt = prompt_length(dims["prompt"], padded.audio_tokens)
             own_cache = own_prompt + len(padded.tokens)
             alone_sessions, _ = sessions(directory, precision, device, own_samples, own_prompt,
                                          own_samples // window * window_tokens, None)

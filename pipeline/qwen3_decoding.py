@@ -116,6 +116,11 @@ def prompt_capacity(prompt: dict, audio_tokens: int) -> int:
     return len(prompt["prefix"]) + audio_tokens + len(prompt["suffix"]) + forced
 
 
+def prompt_length(prompt: dict, audio_tokens: int, language: str | None = None) -> int:
+    """The tokens of prompt_ids' prompt, without building it."""
+    return len(prompt["prefix"]) + audio_tokens + len(prompt["suffix"]) + len(forced_language_ids(prompt, language))
+
+
 def prompt_ids(prompt: dict, audio_tokens: int, slots: int, language: str | None = None) -> tuple[np.ndarray, int]:
     """The template around `audio_tokens` placeholders, then the forced language's ids if any, padded to
     `slots`: (ids int64 [1, slots], length)."""

@@ -61,7 +61,8 @@ def demo_speech() -> Speech:
 # real segmentation and protocol behaviour).
 
 import os  # noqa: E402
-from typing import Any  # noqa: E402
+import shutil  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 from serving import serve_test_server  # noqa: E402
 
@@ -90,6 +91,26 @@ def _serve_test_server_fixture(test_model_dir: Path) -> Any:
     return start
 
 
+# ---- exports every test may share ------------------------------------------------------------------------
+# `.ci/run` spreads the test files over two processes (pytest-xdist); each export below is written once per
+# run, by whichever process asks first, in the run's own temporary root, while the other waits for it.
+
+def exported_once(tmp_path_factory: pytest.TempPathFactory, name: str, export: Callable[[Path], None]) -> Path:
+    """`export(out)` once per test run, whatever the number of worker processes; returns `out`."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's temp root lies in the run's
+        root = root.parent
+    out = root / "exported" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not (out / "manifest.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
+            export(out)
+    return out
+
+
 # ---- a tiny exported SenseVoice (engine helper) --------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -100,12 +121,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import subprocess
     import sys
 
-    out = tmp_path_factory.mktemp("exported") / "sensevoice-tiny"
-    command = [sys.executable, "-m", "export", "sensevoice", "--random-init", "tiny", "--out", str(out)]
-    done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"{' '.join(command[1:])} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return out
+    def export(out: Path) -> None:
+        command = [sys.executable, "-m", "export", "sensevoice", "--random-init", "tiny", "--out", str(out)]
+        done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.fail(f"{' '.join(command[1:])} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+
+    return exported_once(tmp_path_factory, "sensevoice-tiny", export)
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +136,12 @@ def paraformer_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     `python -m export paraformer --checkpoint` in fp32 and int8: parity, verify and serving tests share it."""
     from export.__main__ import main
 
-    out = tmp_path_factory.mktemp("paraformer") / "model"
-    argv = ["paraformer", "--checkpoint", str(FIXTURES / "paraformer"), "--out", str(out), "--precision", "fp32,int8",
-            "--container", "8"]
-    assert main(argv) == 0
-    return out
+    def export(out: Path) -> None:
+        argv = ["paraformer", "--checkpoint", str(FIXTURES / "paraformer"), "--out", str(out), "--precision",
+                "fp32,int8", "--container", "8"]
+        assert main(argv) == 0
+
+    return exported_once(tmp_path_factory, "paraformer", export)
 
 
 QWEN3_CONTAINER = 8.0  # four 2 s attention windows of the tiny preset
@@ -132,8 +155,9 @@ def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tests share it. Its words are noise (a random decoder repeats one token), the graphs are the real ones."""
     from export.__main__ import main
 
-    out = tmp_path_factory.mktemp("qwen3") / "tiny"
-    argv = ["qwen3-asr", "--random-init", "tiny", "--out", str(out), "--container", str(QWEN3_CONTAINER),
-            "--max-new-tokens", str(QWEN3_MAX_NEW_TOKENS), "--precision", "fp32,int8,fp16"]
-    assert main(argv) == 0
-    return out
+    def export(out: Path) -> None:
+        argv = ["qwen3-asr", "--random-init", "tiny", "--out", str(out), "--container", str(QWEN3_CONTAINER),
+                "--max-new-tokens", str(QWEN3_MAX_NEW_TOKENS), "--precision", "fp32,int8,fp16"]
+        assert main(argv) == 0
+
+    return exported_once(tmp_path_factory, "qwen3-tiny", export)
