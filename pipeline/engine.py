@@ -227,6 +227,13 @@ class Engine:
         """Container lengths in seconds (empty before load)."""
         return self.policy.containers if self.policy else ()
 
+    @property
+    def grid(self) -> tuple[tuple[int, int], ...]:
+        """The warmed (batch, container samples) shapes, the only ones a caller may plan runs in."""
+        if self.qwen3:
+            return tuple((1, size) for size in self._qwen3_shapes) if self.ready else ()
+        return tuple(key for key, session in self._sessions.items() if session.warmed)
+
     def session_for(self, size: int, batch: int = 1) -> ort.InferenceSession:
         """The ONNX Runtime session of `batch` rows of `size` samples (for inspection and tests)."""
         return self._sessions[(batch, size)].session
@@ -244,10 +251,13 @@ class Engine:
 
     # ---- inference ----------------------------------------------------------------------------------
 
-    def infer(self, clips: Sequence[Clip], topk: bool = False, full: bool = False) -> list[ClipOutput]:
+    def infer(self, clips: Sequence[Clip], topk: bool = False, full: bool = False,
+              batch: int | None = None) -> list[ClipOutput]:
         """Run clips together: grouped by container, packed into the grid's batch sizes (spare rows are
         silence), one ClipOutput per clip in order. `topk`: also the per-frame top-k ids and log-probs;
         `full`: also the full log-probs [frames, vocab]. A Paraformer gives a ParaformerOutput per clip.
+        `batch`: the clips share one container and run in one call of this many rows (a run the caller
+        planned, pipeline/planner.py); else the engine splits them (plan_batches).
         Any failure raises for the whole call (the caller may retry clip by clip)."""
         if self.policy is None:
             raise InferenceError("the engine is not loaded; call load() first")
@@ -266,8 +276,14 @@ class Engine:
                 raise InferenceError(str(exc), samples=len(audio)) from None
             audios.append(audio)
         results: list[ClipOutput | None] = [None] * len(audios)
-        overhead = CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"]
-        for run in plan_batches(containers, self.batch_sizes, overhead):
+        if batch is None:
+            runs = plan_batches(containers, self.batch_sizes, CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"])
+        elif len(set(containers)) == 1 and len(clips) <= batch:
+            runs = [Run(batch, containers[0], tuple(range(len(clips))))]
+        else:
+            raise ValueError(f"a planned run holds at most {batch} clips of one container, got {len(clips)} "
+                             f"in containers {sorted(set(containers))}")
+        for run in runs:
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)
             for row, index in enumerate(run.rows):
@@ -291,14 +307,16 @@ class Engine:
         outputs = self._run_batch(Run(1, len(padded), (0,)), feed, topk=False, full=True)
         return outputs[OUTPUT_NAMES[0]][0], int(outputs[OUTPUT_NAMES[1]][0])
 
-    def transcribe_many(self, clips: Sequence[Clip], offsets: Sequence[float] | None = None) -> list[Transcript]:
-        """infer() and CTC decoding: greedy, or for a clip with hotwords a prefix beam search over its top-k,
-        biased towards them; token times are seconds from each clip's offset (its first sample)."""
+    def transcribe_many(self, clips: Sequence[Clip], offsets: Sequence[float] | None = None,
+                        batch: int | None = None) -> list[Transcript]:
+        """infer() (`batch`: see there) and CTC decoding: greedy, or for a clip with hotwords a prefix beam
+        search over its top-k, biased towards them; token times are seconds from each clip's offset (its
+        first sample). Qwen3-ASR decodes clip by clip whatever `batch` says."""
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
         if self.qwen3:
             return [self._transcribe_qwen3(clip.audio, clip.language) for clip in clips]
-        outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
+        outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips), batch=batch)
         if self.paraformer:
             return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
         frames = dict(blank_id=m.blank_id, prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds)
