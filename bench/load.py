@@ -322,6 +322,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default=None, help="for the server we start, e.g. 1,4,16")
     parser.add_argument("--precision", default="auto", help="for the server we start")
     parser.add_argument("--containers", default=None, help="for the server we start, e.g. 4,8,15,30")
+    parser.add_argument("--cost-table", type=Path, default=None,
+                        help="for the server we start: `bench model --save` output it plans batches from")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
     parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "
                         "the process listening on the port)")
@@ -338,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
         "seconds_per_stream": args.seconds, "chunk": args.chunk, "end_silence": args.end_silence,
         "partial_interval": args.partial_interval, "partial_window": args.partial_window,
         "device": args.device, "batch_sizes": args.batch_sizes, "target_p95_beyond_silence": args.target,
-        "precision": args.precision, "containers": args.containers, "threads": args.threads, "machine": machine(),
+        "precision": args.precision, "containers": args.containers, "threads": args.threads,
+        "cost_table": None if args.cost_table is None else str(args.cost_table), "machine": machine(),
         "steps": [],
     }
     code = 0

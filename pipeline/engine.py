@@ -75,6 +75,8 @@ class Engine:
         # Called with the call number (1, 2, ...) before each run; raising there is a real inference failure
         # (tests use it to inject faults).
         self.fault_hook: Callable[[int], None] | None = None
+        # Bytes in use on the device, read around each session's creation and warm-up (bench: nvidia-smi).
+        self.memory_probe: Callable[[], int | None] | None = None
         self.device: str | None = None
         self.provider: str | None = None
         self.precision: str | None = None
@@ -145,10 +147,10 @@ class Engine:
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
 
         def create(batch: int, size: int) -> SessionRunner:
-            before = process_rss()
+            before = self._footprint()
             runner = create_session(path, batch, size, config, self.options.threads, self._shared,
                                     self.options.device_id or 0, self.model.manifest.architecture)
-            self._note_rss(batch, size, before)
+            self._note(batch, size, before)
             return runner
 
         try:
@@ -187,24 +189,30 @@ class Engine:
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
         for (batch, size), session in self._sessions.items():
-            t, rss = time.perf_counter(), process_rss()
+            before = self._footprint()
             clip = np.zeros(int(size * WARMUP_FILL), np.float32)
             feed = pack([clip] * batch, [prompt] * batch, batch, size)
             self._infer(session, feed, session.output_names, warming=True)
             session.warmed = True
-            self._note_rss(batch, size, rss)
-            log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - t)
+            self._note(batch, size, before)
+            log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - before[0])
         if self._decoder is not None:
             t = time.perf_counter()
             self._decoder.warm_up(self._infer, WARMUP_FILL)
             log.info("warmed %d decoder sessions in %.2f s", len(self._decoder.sessions), time.perf_counter() - t)
 
-    def _note_rss(self, batch: int, size: int, before: int | None) -> None:
-        """Add the resident memory grown since `before` to the session's figure (host memory only: a GPU
-        session's device memory does not show here)."""
-        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
-        if before is not None and after is not None:
-            self.stats.session_rss[key] = self.stats.session_rss.get(key, 0) + after - before
+    def _footprint(self) -> tuple[float, int | None, int | None]:
+        """(now, resident bytes, device bytes per `memory_probe`) for _note."""
+        return time.perf_counter(), process_rss(), self.memory_probe() if self.memory_probe is not None else None
+
+    def _note(self, batch: int, size: int, before: tuple[float, int | None, int | None]) -> None:
+        """Add the seconds, the resident memory and the device memory (with a `memory_probe`) grown since
+        `before` to the session's figures (creation and warm-up each add theirs)."""
+        key = f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
+        for table, was, now in zip((self.stats.session_seconds, self.stats.session_rss, self.stats.session_device),
+                                   before, self._footprint()):
+            if was is not None and now is not None:
+                table[key] = table.get(key, 0) + now - was
 
     def rebuild(self, device: str | None = None) -> None:
         """Drop every session of the grid and create and warm them again (on `device`, default the current one)."""
