@@ -275,6 +275,9 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
             say(f"{n} stream(s) x {args.seconds:g} s ...")
             step = await run_step(url, host, port, pid, n, args)
             result["steps"].append(step)
+            if args.save is not None:  # each step as it ends: a run cut short (a lease's time limit) keeps them
+                args.save.parent.mkdir(parents=True, exist_ok=True)
+                args.save.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
             say(f"  p95 beyond silence {step['beyond_silence']['p95']} s, lost {step['lost']}, "
                 f"partials {step['partials_per_speech_second']}/speech-s, "
                 f"errors {step['errors']}, server CPU {step['server'].get('cpu_mean')} %"

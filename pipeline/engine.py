@@ -151,6 +151,7 @@ class Engine:
             runner = create_session(path, batch, size, config, self.options.threads, self._shared,
                                     self.options.device_id or 0, self.model.manifest.architecture)
             self._note(batch, size, before)
+            log.info("created batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - before[0])
             return runner
 
         try:
