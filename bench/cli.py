@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|frameworks|report`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|frameworks|report|lease`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ COMMANDS = {
     "silence": (".silence", "WER per door (upload, stream, Realtime) and per second of silence before speech"),
     "frameworks": (".frameworks", "WER per door with pipecat's and LiveKit's own clients beside upload and Realtime"),
     "report": (".report", "write docs/benchmarks.md sections and the latency plot from saved results"),
+    "lease": (".lease", "the summary table of a GPU lease's logs and results (bench/gpu_check.sh lease)"),
 }
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -25,8 +26,10 @@ EXIT_USAGE = 2
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m bench", description="Unipad ASR benchmarks.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log the engine's progress (each session's creation and warm-up, with its time)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    chosen = next((a for a in argv if not a.startswith("-")), None)  # the command, after -v
     module = None
     for name, (module_name, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
@@ -34,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(module_name, __package__)
             module.add_arguments(command)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose:
+        logging.getLogger("pipeline").setLevel(logging.INFO)
     from pipeline.errors import UnipadError
 
     try:

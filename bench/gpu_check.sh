@@ -5,6 +5,16 @@
 #   bash bench/gpu_check.sh speed         # per-(batch, container) time and GPU memory, fp16 profile
 #   bash bench/gpu_check.sh load          # python -m bench load against a CUDA server, fp16
 #   bash bench/gpu_check.sh quick         # speed and load cut to fit one 10-minute command with the export
+#   bash bench/gpu_check.sh lease         # issue 34: everything one 15-minute lease measures, in one call (below)
+#   bash bench/gpu_check.sh lease-prepare # here, before a lease: the tiny Paraformer and Qwen3-ASR fp16 it verifies
+#
+# `lease` runs in one device call of at most LEASE_SECONDS (540) after the onnxruntime-gpu chunks are in
+# place (docs/benchmarks.md "A lease, step by step"): setup_device.sh, the fp16-only export, then in
+# priority order the cost table on the ladder, bench load on it at 256, 400, 512 streams, one 30 s segment
+# with its profile, verify of Paraformer and Qwen3-ASR fp16 on CUDA; each step bounded by its cap and by
+# what is left of the lease; steps.tsv records each one's limit, exit status and seconds; `python -m bench
+# lease $OUT` prints the summary table at the end. Rehearse it on a CPU:
+#   SIZE=tiny DEVICE=cpu OUT=/tmp/lease-rehearsal bash bench/gpu_check.sh lease
 #
 # Each step exports the model first if /tmp/sv_full is missing (3-4 min), and writes its logs to $OUT
 # (the device tool's folder; ./gpu-out elsewhere). On the lent GPU machine, after ../shared/gpu's
@@ -14,19 +24,101 @@
 # it: send the chunk copies and these steps as one batch of device calls.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
-MODEL=${MODEL:-/tmp/sv_full}
 SIZE=${SIZE:-full}          # tiny: a dry run of this script on a CPU machine
+MODEL=${MODEL:-/tmp/sv_$SIZE}
 DEVICE=${DEVICE:-cuda}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
-step() {  # step SECONDS LOG COMMAND...: run, show and keep its output, whatever its exit status
+step() {  # step SECONDS LOG COMMAND...: run, show and keep its output, whatever its exit status (in STEP_RC)
   local limit=$1 log=$2; shift 2
   echo "== $(date -u +%T) $*" | tee -a "$OUT/$log"
-  timeout "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
-  echo "== exit ${PIPESTATUS[0]} at $(date -u +%T)" | tee -a "$OUT/$log"
+  # timeout signals the command's whole process group: a server that bench load started goes with it
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$OUT/$log"
+  STEP_RC=${PIPESTATUS[0]}
+  echo "== exit $STEP_RC at $(date -u +%T)" | tee -a "$OUT/$log"
 }
+
+lease() {  # the `lease` mode: see the top of this file
+  local began deadline ladder=${LADDER:-2,4,8,30} batches=${BATCHES:-1,4,16}
+  local pf=${PARAFORMER_DIR:-bench-out/lease/paraformer} qw=${QWEN3_DIR:-bench-out/lease/qwen3}
+  local streams seconds
+  if [ "$DEVICE" = cpu ]; then streams=${STREAMS:-2,4}; seconds=${SECONDS_PER_STEP:-6}
+  else streams=${STREAMS:-256,400,512}; seconds=${SECONDS_PER_STEP:-15}; fi
+  began=$(date +%s); deadline=$((began + ${LEASE_SECONDS:-540}))
+  : > "$OUT/steps.tsv"
+  run_step() {  # run_step NAME CAP LOG COMMAND...: at most CAP seconds, and never past the deadline
+    local name=$1 cap=$2 log=$3; shift 3
+    local left=$((deadline - $(date +%s))) t0
+    local limit=$((cap < left - 5 ? cap : left - 5))
+    if [ "$limit" -lt 15 ]; then printf '%s\t%s\tskipped\t0\n' "$name" "$cap" >> "$OUT/steps.tsv"; return; fi
+    t0=$(date +%s)
+    step "$limit" "$log" "$@"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$limit" "$STEP_RC" "$(($(date +%s) - t0))" >> "$OUT/steps.tsv"
+  }
+  local part i
+  for part in .gpu-wheels/ort*/part; do  # the last chunk rides with this call (lease-chunks)
+    [ -f "$part" ] || continue
+    i=$(basename "$(dirname "$part")"); mkdir -p /tmp/parts && cp "$part" "/tmp/parts/${i#ort}"
+  done
+  if [ "$DEVICE" = cuda ] && [ -f .gpu-wheels/small/setup_device.sh ]; then
+    run_step setup 90 setup.txt bash .gpu-wheels/small/setup_device.sh
+    export PYTHONPATH=/tmp/site:$PWD
+  fi
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+  if [ ! -f "$MODEL/manifest.json" ]; then  # fp16 only: one graph traced, no fp32 (export/onnx_export.py)
+    rm -rf "$MODEL"
+    run_step export 150 export.txt "$PY" -m export sensevoice --random-init "$SIZE" --precision fp16 --out "$MODEL"
+  fi
+  # 1. seconds per call and memory of every (batch, container) of the grid the server will serve
+  run_step table 200 model.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
+    --skip exact,fixed --containers "$ladder" --batch-sizes "$batches" --lengths 1,2,4,8,30 --repeats 10 \
+    --warmup 2 --save "$OUT/model.json"
+  local costs=()
+  [ -f "$OUT/model.json" ] && costs=(--cost-table "$OUT/model.json")
+  # 2. the ladder under load, planned from that table (modelled without it); saved after each step
+  run_step load 240 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
+    --containers "$ladder" --batch-sizes "$batches" "${costs[@]}" --streams "$streams" --seconds "$seconds" \
+    --target 0.5 --max-time 170 --server-log "$OUT/server.txt" --save "$OUT/load.json"
+  # 3. one 30 s segment alone (the serving path, batch 1) and its ORT profile
+  run_step segment30 60 segment30.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
+    --skip exact,fixed --containers 30 --batch-sizes 1 --lengths 30 --repeats 20 --warmup 3 \
+    --profile "$OUT/profile" --save "$OUT/segment30.json"
+  # 4. the other families' CUDA path, on tiny fp16 exports made before the lease (lease-prepare)
+  [ -f "$pf/manifest.json" ] || run_step export-pf 60 export-pf.txt "$PY" -m export paraformer --random-init tiny \
+    --precision fp16 --out "$pf"
+  run_step verify-pf 45 verify-paraformer.txt "$PY" -m export verify "$pf" --device "$DEVICE"
+  [ -f "$qw/manifest.json" ] || run_step export-qw 60 export-qw.txt "$PY" -m export qwen3-asr --random-init tiny \
+    --container 8 --precision fp16 --out "$qw"
+  run_step verify-qw 45 verify-qwen3.txt "$PY" -m export verify "$qw" --device "$DEVICE" --lengths 2,5,7.5
+  echo "lease: $(($(date +%s) - began)) s of ${LEASE_SECONDS:-540}" | tee -a "$OUT/steps.txt"
+  "$PY" -m bench lease "$OUT" | tee "$OUT/summary.txt"
+}
+
+case "${1:-}" in
+  lease) lease; exit 0 ;;
+  lease-chunks)  # here, after ../shared/gpu/prepare.sh: the wheel in the fewest calls 64 MiB allows
+    n=$(cat .gpu-wheels/small/ort.parts); whl=/tmp/ort-gpu.whl; : > "$whl"
+    for i in $(seq 0 $((n - 1))); do cat ".gpu-wheels/ort$i/part" >> "$whl"; done
+    [ "$(sha256sum "$whl" | cut -d' ' -f1)" = "$(cat .gpu-wheels/small/ort.sha256)" ] || { echo "chunks damaged"; exit 1; }
+    # What travels with every call (tracked and untracked-unignored files), plus 1.5 MiB of slack (prepare.sh
+    # keeps 5, which costs a seventh call); the last chunk is small enough to ride with the lease call.
+    tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    room=$(( (64 << 20) - tree - (3 << 19) ))
+    rm -rf .gpu-wheels/ort*; split -b "$room" -d -a 2 "$whl" /tmp/ort-gpu.part.
+    n=0; for f in /tmp/ort-gpu.part.*; do mkdir -p ".gpu-wheels/ort$n"; mv "$f" ".gpu-wheels/ort$n/part"; n=$((n + 1)); done
+    echo $n > .gpu-wheels/small/ort.parts; rm -f "$whl"
+    echo "checkout $((tree >> 20)) MiB: $((n - 1)) chunk calls of $((room >> 20)) MiB (.gpu-wheels/ort0..ort$((n - 2))), then the lease call carrying .gpu-wheels/small .gpu-wheels/ort$((n - 1)) bench-out/lease"
+    du -sh .gpu-wheels/* bench-out/lease 2>/dev/null
+    exit 0 ;;
+  lease-prepare)  # here: what the lease carries (bench-out/ is ignored by git, so it travels only when named)
+    for d in paraformer qwen3; do rm -rf "bench-out/lease/$d"; done
+    "$PY" -m export paraformer --random-init tiny --precision fp16 --out bench-out/lease/paraformer &&
+      "$PY" -m export qwen3-asr --random-init tiny --container 8 --precision fp16 --out bench-out/lease/qwen3 &&
+      du -sh bench-out/lease/*
+    exit $? ;;
+esac
 
 if [ ! -f "$MODEL/manifest.json" ]; then
   rm -rf "$MODEL"
@@ -69,5 +161,5 @@ case "${1:-}" in
       --max-time 150 --server-log "$OUT/server.txt" --save "$OUT/load.json"
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh correctness|speed|load|quick|quick2" >&2; exit 2 ;;
+    echo "usage: bash bench/gpu_check.sh correctness|speed|load|quick|quick2|lease|lease-prepare" >&2; exit 2 ;;
 esac

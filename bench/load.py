@@ -275,6 +275,9 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
             say(f"{n} stream(s) x {args.seconds:g} s ...")
             step = await run_step(url, host, port, pid, n, args)
             result["steps"].append(step)
+            if args.save is not None:  # each step as it ends: a run cut short (a lease's time limit) keeps them
+                args.save.parent.mkdir(parents=True, exist_ok=True)
+                args.save.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
             say(f"  p95 beyond silence {step['beyond_silence']['p95']} s, lost {step['lost']}, "
                 f"partials {step['partials_per_speech_second']}/speech-s, "
                 f"errors {step['errors']}, server CPU {step['server'].get('cpu_mean')} %"
@@ -322,6 +325,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", default=None, help="for the server we start, e.g. 1,4,16")
     parser.add_argument("--precision", default="auto", help="for the server we start")
     parser.add_argument("--containers", default=None, help="for the server we start, e.g. 4,8,15,30")
+    parser.add_argument("--cost-table", type=Path, default=None,
+                        help="for the server we start: `bench model --save` output it plans batches from")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
     parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "
                         "the process listening on the port)")
@@ -338,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
         "seconds_per_stream": args.seconds, "chunk": args.chunk, "end_silence": args.end_silence,
         "partial_interval": args.partial_interval, "partial_window": args.partial_window,
         "device": args.device, "batch_sizes": args.batch_sizes, "target_p95_beyond_silence": args.target,
-        "precision": args.precision, "containers": args.containers, "threads": args.threads, "machine": machine(),
+        "precision": args.precision, "containers": args.containers, "threads": args.threads,
+        "cost_table": None if args.cost_table is None else str(args.cost_table), "machine": machine(),
         "steps": [],
     }
     code = 0

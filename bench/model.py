@@ -10,9 +10,11 @@ For each precision (fp32 and int8 on CPU; fp16 too on a GPU):
   * peer       with --peer DIR (bench/make_peer.py): FunASR's own export of the same weights, run
                as funasr_onnx runs it (Python fbank + LFR + CMVN, then one dynamic-shape run), at the same
                lengths; `ratio` = our time / the peer's at equal audio length.
-  * batches    (bench/batches.py) seconds per segment when --batch-sizes segments share one run
-               at the largest container, and each batch session's memory;
---profile DIR writes ONNX Runtime per-node profiles (one 30 s run per graph) and a per-operator summary.
+  * batches    (bench/batches.py) seconds per call of every (batch, container) shape of the engine's grid
+               (the ladder x --batch-sizes) and each session's build time and memory: the cost table
+               (`cost_tables` in the JSON) that the server's --cost-table reads;
+--profile DIR writes ONNX Runtime per-node profiles (one 30 s run per graph, on --device) and a per-operator
+summary (on CUDA the nodes' times are their launches: kernels run asynchronously).
 Tables go to stdout; the last line is one JSON object with every figure.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.batching import choose_batch_sizes
 from pipeline.engine import Engine, EngineOptions, default_containers
 from pipeline.errors import UnipadError
 from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
@@ -36,7 +39,7 @@ from pipeline.providers import provider_config
 from pipeline.shapes import ShapePolicy, parse_containers
 
 from . import batches
-from .common import command_line, PeakMemory, emit, machine, mib, speech_audio, summary, time_runs
+from .common import command_line, PeakMemory, device_memory_used, emit, machine, mib, speech_audio, summary, time_runs
 
 DEFAULT_LENGTHS = (1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 25.0, 30.0)
 FIXED_CONTAINER = 30.0
@@ -89,12 +92,16 @@ def feed(audio: np.ndarray, length: int) -> dict[str, np.ndarray]:
             "language": np.array([0], np.int32), "textnorm": np.array([15], np.int32)}
 
 
-def build_engine(model: Path, precision: str, device: str, containers: tuple[float, ...], threads: int):
-    """An Engine built and warmed as the server does it: (engine, session/warm-up times and memory)."""
+def build_engine(model: Path, precision: str, device: str, containers: tuple[float, ...], threads: int,
+                 batch_sizes: tuple[int, ...] | None = None):
+    """An Engine built and warmed as the server does it: (engine, session/warm-up times and memory); on
+    CUDA each session's device memory is read around its creation and warm-up."""
     out: dict[str, Any] = {"containers": list(containers)}
     with PeakMemory() as memory:
         engine = Engine(model, EngineOptions(device=device, precision=precision, containers=containers,
-                                             threads=threads))
+                                             threads=threads, batch_sizes=batch_sizes))
+        if device == "cuda":
+            engine.memory_probe = device_memory_used
         t = time.perf_counter()
         engine.load(warm_up=False)
         out["session_seconds"] = round(time.perf_counter() - t, 3)
@@ -128,8 +135,10 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
 
     part: dict[str, Any] = {}
     tasks: list[tuple[str, str, Any]] = []  # (group, key, callable)
-    say(f"[{precision}] engine with containers {ladder.containers} ...")
-    engine, part["engine"] = build_engine(args.model, precision, args.device, ladder.containers, args.threads)
+    grid_batches = (1,) if "batches" in skip else choose_batch_sizes(args.batch_sizes, args.device, precision)
+    say(f"[{precision}] engine with containers {ladder.containers}, batch sizes {grid_batches} ...")
+    engine, part["engine"] = build_engine(args.model, precision, args.device, ladder.containers, args.threads,
+                                          grid_batches)
     for size in engine.policy.sizes:
         audio = speech_audio(size / SAMPLE_RATE)
         tasks.append(("engine", f"{size / SAMPLE_RATE:g}",
@@ -137,7 +146,8 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
     fixed = None
     if "fixed" not in skip and ladder.containers != (FIXED_CONTAINER,):
         say(f"[{precision}] engine with one {FIXED_CONTAINER:g} s container ...")
-        fixed, part["fixed"] = build_engine(args.model, precision, args.device, (FIXED_CONTAINER,), args.threads)
+        fixed, part["fixed"] = build_engine(args.model, precision, args.device, (FIXED_CONTAINER,), args.threads,
+                                            (1,))
         audio = speech_audio(FIXED_CONTAINER)
         n = len(audio)
         tasks.append(("fixed", f"{FIXED_CONTAINER:g}", lambda e=fixed, a=audio, n=n: e.run_padded(a, n, 0, 15)))
@@ -147,10 +157,8 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
         for seconds in lengths:
             f = feed(speech_audio(seconds), int(round(seconds * SAMPLE_RATE)))
             tasks.append(("exact", f"{seconds:g}", lambda s=session, f=f: s.run(None, f)))
-    batched = None
     if "batches" not in skip:
-        say(f"[{precision}] engine with batch sizes at {ladder.containers[-1]:g} s ...")
-        more, part["batches"], batched = batches.batch_tasks(args, precision, ladder.containers[-1])
+        more, part["batches"] = batches.batch_tasks(engine)
         tasks += more
     if args.peer is not None and precision in ("fp32", "int8"):
         from .peer import PeerModel
@@ -181,10 +189,11 @@ def bench_precision(directory, precision: str, ladder: ShapePolicy, lengths: tup
     part["engine"]["unwarmed_calls"] = engine.stats.unwarmed_calls
     if fixed is None and ladder.containers == (FIXED_CONTAINER,):
         part["fixed"] = part["engine"]
-    if batched is not None:
+    if "batches" in part:
         part["batches"] = batches.finish(part["batches"], {k: summary(v) for (g, k), v in times.items()
-                                                           if g == "batches"}, batched)
-    del engine, fixed, batched
+                                                           if g == "batches"}, engine, precision, args.device,
+                                         directory.manifest.name)
+    del engine, fixed
     gc.collect()
     part["policies"] = policy_table(part, lengths, ladder)
     part["ratio_to_peer"] = ratios(part["policies"])
@@ -221,14 +230,17 @@ def ratios(table: dict[str, dict]) -> dict[str, dict]:
             for policy, times in table.items() if policy != "peer"}
 
 
-def profile_graph(path: Path, seconds: float, threads: int, out_dir: Path, tag: str) -> dict[str, Any]:
+def profile_graph(path: Path, seconds: float, threads: int, out_dir: Path, tag: str,
+                  device: str = "cpu") -> dict[str, Any]:
     """One run at `seconds` (samples fixed) with ORT profiling; per-operator-type totals, largest first."""
     out_dir.mkdir(parents=True, exist_ok=True)
     n = int(round(seconds * SAMPLE_RATE))
-    so = plain_options(threads, "cpu", n)
+    so = plain_options(threads, device, n)
     so.enable_profiling = True
     so.profile_file_prefix = str(out_dir / tag)
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    config = provider_config(device)
+    session = ort.InferenceSession(str(path), so, providers=list(config.providers),
+                                   provider_options=list(config.provider_options))
     audio = speech_audio(seconds)
     session.run(None, feed(audio, n))  # first run: allocations
     t = time.perf_counter()
@@ -289,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
             result["precisions"][precision] = {}
             part = measure_in_child(directory, precision, ladder, lengths, skip, args)
             result["precisions"][precision] = part
+            if "batches" in part:  # what --cost-table reads (pipeline/planner.py read_cost_tables)
+                result.setdefault("cost_tables", {})[precision] = part["batches"]["cost_table"]
             print_precision(precision, part, lengths)
         result["complete"] = True
     except KeyboardInterrupt:
@@ -309,11 +323,11 @@ def measure_precision(directory, precision: str, ladder: ShapePolicy, lengths: t
     from .common import say
 
     part = bench_precision(directory, precision, ladder, lengths, skip, args)
-    if args.profile is not None and args.device == "cpu":
+    if args.profile is not None:
         say(f"[{precision}] profiling a {FIXED_CONTAINER:g} s run ...")
         part["profile"] = profile_graph(directory.onnx_path(precision), FIXED_CONTAINER, args.threads,
-                                        args.profile, f"ours_{precision}")
-        if args.peer is not None and precision in ("fp32", "int8"):
+                                        args.profile, f"ours_{precision}", args.device)
+        if args.peer is not None and precision in ("fp32", "int8") and args.device == "cpu":
             part["peer_profile"] = peer_profile(args.peer, precision, args.threads, args.profile)
     return part
 

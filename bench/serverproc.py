@@ -55,7 +55,7 @@ class ServerProcess:
                    "--precision", args.precision, "--threads", str(args.threads)]
         if args.containers:
             command += ["--containers", args.containers]
-        for flag in ("device", "batch_sizes", "partial_window"):  # absent or None: the server's default
+        for flag in ("device", "batch_sizes", "partial_window", "cost_table"):  # absent or None: the server's default
             if getattr(args, flag, None) is not None:
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         command += getattr(args, "options", ())

@@ -15,7 +15,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import (DECODER_FREE_DIMENSIONS, DECODER_ONNX_FILES, FREE_DIMENSIONS, INPUT_NAMES, ONNX_FILES,
                                OUTPUT_NAMES, PRECISIONS, ModelManifest, write_model_directory)
 
-from .decoding_outputs import add_decoding_to_file
+from .decoding_outputs import DEFAULT_TOP_K, add_decoding_to_file
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,11 @@ def write_model_dir(
     from tqdm import tqdm
 
     def build(tmp: Path) -> ModelManifest:
-        steps = ["fp32"] + [p for p in precisions if p != "fp32"]
+        # fp32 is exported first when int8 (quantised from it) or fp32 itself is wanted; an fp16-only export (a
+        # GPU's) skips it: it would double the export's time (measured in docs/benchmarks.md, issue 34).
+        needs_fp32 = "fp32" in precisions or "int8" in precisions
+        steps = ["fp32"] * needs_fp32 + [p for p in precisions if p != "fp32"]
+        top_k = 0
         # A Paraformer is two graphs (its encoder + CIF, then its decoder), each written like a whole model.
         stages = list(zip(model.export_stages(), (ONNX_FILES, DECODER_ONNX_FILES)) if hasattr(model, "export_stages")
                       else [(model, ONNX_FILES)])
@@ -183,9 +187,10 @@ def write_model_dir(
                         # Exported from PyTorch rather than converted: the converters' fp16 passes would have
                         # to keep the frontend float32 (power spectra reach 1e13, past fp16's 65504).
                         export_onnx(copy.deepcopy(module).half_encoder(), target, manifest.opset)
-                        add_decoding_to_file(target, top_k)
+                        k = add_decoding_to_file(target, top_k or DEFAULT_TOP_K)
+                        top_k = top_k or (k if index == 0 else 0)
                     progress.update()
-        if "fp32" not in precisions:
+        if needs_fp32 and "fp32" not in precisions:
             for _, names in stages:
                 (tmp / names["fp32"]).unlink()
         files = {p: ONNX_FILES[p] for p in steps if p in precisions}

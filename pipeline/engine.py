@@ -75,6 +75,8 @@ class Engine:
         # Called with the call number (1, 2, ...) before each run; raising there is a real inference failure
         # (tests use it to inject faults).
         self.fault_hook: Callable[[int], None] | None = None
+        # Bytes in use on the device, read around each session's creation and warm-up (bench: nvidia-smi).
+        self.memory_probe: Callable[[], int | None] | None = None
         self.device: str | None = None
         self.provider: str | None = None
         self.precision: str | None = None
@@ -145,10 +147,11 @@ class Engine:
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
 
         def create(batch: int, size: int) -> SessionRunner:
-            before = process_rss()
+            before = self._footprint()
             runner = create_session(path, batch, size, config, self.options.threads, self._shared,
                                     self.options.device_id or 0, self.model.manifest.architecture)
-            self._note_rss(batch, size, before)
+            self._note(batch, size, before)
+            log.info("created batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - before[0])
             return runner
 
         try:
@@ -187,24 +190,30 @@ class Engine:
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
         for (batch, size), session in self._sessions.items():
-            t, rss = time.perf_counter(), process_rss()
+            before = self._footprint()
             clip = np.zeros(int(size * WARMUP_FILL), np.float32)
             feed = pack([clip] * batch, [prompt] * batch, batch, size)
             self._infer(session, feed, session.output_names, warming=True)
             session.warmed = True
-            self._note_rss(batch, size, rss)
-            log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - t)
+            self._note(batch, size, before)
+            log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - before[0])
         if self._decoder is not None:
             t = time.perf_counter()
             self._decoder.warm_up(self._infer, WARMUP_FILL)
             log.info("warmed %d decoder sessions in %.2f s", len(self._decoder.sessions), time.perf_counter() - t)
 
-    def _note_rss(self, batch: int, size: int, before: int | None) -> None:
-        """Add the resident memory grown since `before` to the session's figure (host memory only: a GPU
-        session's device memory does not show here)."""
-        after, key = process_rss(), f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
-        if before is not None and after is not None:
-            self.stats.session_rss[key] = self.stats.session_rss.get(key, 0) + after - before
+    def _footprint(self) -> tuple[float, int | None, int | None]:
+        """(now, resident bytes, device bytes per `memory_probe`) for _note."""
+        return time.perf_counter(), process_rss(), self.memory_probe() if self.memory_probe is not None else None
+
+    def _note(self, batch: int, size: int, before: tuple[float, int | None, int | None]) -> None:
+        """Add the seconds, the resident memory and the device memory (with a `memory_probe`) grown since
+        `before` to the session's figures (creation and warm-up each add theirs)."""
+        key = f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
+        for table, was, now in zip((self.stats.session_seconds, self.stats.session_rss, self.stats.session_device),
+                                   before, self._footprint()):
+            if was is not None and now is not None:
+                table[key] = table.get(key, 0) + now - was
 
     def rebuild(self, device: str | None = None) -> None:
         """Drop every session of the grid and create and warm them again (on `device`, default the current one)."""
@@ -227,6 +236,13 @@ class Engine:
         """Container lengths in seconds (empty before load)."""
         return self.policy.containers if self.policy else ()
 
+    @property
+    def grid(self) -> tuple[tuple[int, int], ...]:
+        """The warmed (batch, container samples) shapes, the only ones a caller may plan runs in."""
+        if self.qwen3:
+            return tuple((1, size) for size in self._qwen3_shapes) if self.ready else ()
+        return tuple(key for key, session in self._sessions.items() if session.warmed)
+
     def session_for(self, size: int, batch: int = 1) -> ort.InferenceSession:
         """The ONNX Runtime session of `batch` rows of `size` samples (for inspection and tests)."""
         return self._sessions[(batch, size)].session
@@ -244,10 +260,13 @@ class Engine:
 
     # ---- inference ----------------------------------------------------------------------------------
 
-    def infer(self, clips: Sequence[Clip], topk: bool = False, full: bool = False) -> list[ClipOutput]:
+    def infer(self, clips: Sequence[Clip], topk: bool = False, full: bool = False,
+              batch: int | None = None) -> list[ClipOutput]:
         """Run clips together: grouped by container, packed into the grid's batch sizes (spare rows are
         silence), one ClipOutput per clip in order. `topk`: also the per-frame top-k ids and log-probs;
         `full`: also the full log-probs [frames, vocab]. A Paraformer gives a ParaformerOutput per clip.
+        `batch`: the clips share one container and run in one call of this many rows (a run the caller
+        planned, pipeline/planner.py); else the engine splits them (plan_batches).
         Any failure raises for the whole call (the caller may retry clip by clip)."""
         if self.policy is None:
             raise InferenceError("the engine is not loaded; call load() first")
@@ -266,8 +285,14 @@ class Engine:
                 raise InferenceError(str(exc), samples=len(audio)) from None
             audios.append(audio)
         results: list[ClipOutput | None] = [None] * len(audios)
-        overhead = CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"]
-        for run in plan_batches(containers, self.batch_sizes, overhead):
+        if batch is None:
+            runs = plan_batches(containers, self.batch_sizes, CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"])
+        elif len(set(containers)) == 1 and len(clips) <= batch:
+            runs = [Run(batch, containers[0], tuple(range(len(clips))))]
+        else:
+            raise ValueError(f"a planned run holds at most {batch} clips of one container, got {len(clips)} "
+                             f"in containers {sorted(set(containers))}")
+        for run in runs:
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)
             for row, index in enumerate(run.rows):
@@ -291,14 +316,16 @@ class Engine:
         outputs = self._run_batch(Run(1, len(padded), (0,)), feed, topk=False, full=True)
         return outputs[OUTPUT_NAMES[0]][0], int(outputs[OUTPUT_NAMES[1]][0])
 
-    def transcribe_many(self, clips: Sequence[Clip], offsets: Sequence[float] | None = None) -> list[Transcript]:
-        """infer() and CTC decoding: greedy, or for a clip with hotwords a prefix beam search over its top-k,
-        biased towards them; token times are seconds from each clip's offset (its first sample)."""
+    def transcribe_many(self, clips: Sequence[Clip], offsets: Sequence[float] | None = None,
+                        batch: int | None = None) -> list[Transcript]:
+        """infer() (`batch`: see there) and CTC decoding: greedy, or for a clip with hotwords a prefix beam
+        search over its top-k, biased towards them; token times are seconds from each clip's offset (its
+        first sample). Qwen3-ASR decodes clip by clip whatever `batch` says."""
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
         if self.qwen3:
             return [self._transcribe_qwen3(clip.audio, clip.language) for clip in clips]
-        outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips))
+        outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips), batch=batch)
         if self.paraformer:
             return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
         frames = dict(blank_id=m.blank_id, prompt_frames=m.prompt_frames, frame_seconds=m.output_frame_seconds)

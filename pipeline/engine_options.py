@@ -62,6 +62,8 @@ class EngineStats:
     rss_after_load: int | None = None
     shared_weight_bytes: int = 0  # weights held once for all sessions (0: each session has its own)
     session_rss: dict[str, int] = field(default_factory=dict)  # "4x30s" -> host RSS grown by its creation + warm-up
+    session_device: dict[str, int] = field(default_factory=dict)  # "4x30s" -> device bytes (Engine.memory_probe)
+    session_seconds: dict[str, float] = field(default_factory=dict)  # "4x30s" -> its creation + warm-up time
 
 
 def choose_precision(requested: str, device: str, available: dict) -> str:

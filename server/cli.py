@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=d.threads, help="ONNX Runtime threads (0: one per core)")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=None,
                    help="rows per model run, e.g. 1,4,16 (default: that on GPUs, 1 on CPU; int8 always 1)")
+    p.add_argument("--cost-table", type=Path, default=None,
+                   help="`python -m bench model --save` output: measured seconds per (batch, container), from which "
+                        "the worker plans its batches (default: modelled as rows x container seconds)")
     p.add_argument("--cuda-graph", action="store_true", help="CUDA: capture each session's graph and replay it")
     p.add_argument("--allow-tf32", action="store_true", help="CUDA: TF32 matmuls for fp32 (faster, not exact)")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=d.share_weights,

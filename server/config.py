@@ -5,6 +5,7 @@ Cheap to build (no model or socket is touched); `Server(config)` does the expens
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import ssl
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from pipeline.batching import validate_batch_sizes
 from pipeline.engine import PRECISION_CHOICES
+from pipeline.planner import MeasuredCosts, read_cost_tables
 from pipeline.providers import resolve_device
 from pipeline.shapes import ShapePolicy, format_containers
 from pipeline.segmenter import SegmenterOptions, validate_options
@@ -39,6 +41,7 @@ class ServerConfig:
     containers: tuple[float, ...] | None = None  # container lengths in seconds; None: the engine's default
     threads: int = 0  # ONNX Runtime intra-op threads; 0: one per physical core
     batch_sizes: tuple[int, ...] | None = None  # rows per model run; None: the engine's default (1,4,16 GPU; 1 CPU)
+    cost_table: Path | None = None  # `bench model --save` output: seconds per (batch, container); None: modelled
     cuda_graph: bool = False  # CUDA: capture and replay each session's graph
     allow_tf32: bool = False  # CUDA: TF32 matmuls for fp32 (faster, no longer exact)
     share_weights: bool = True  # CPU: one copy of the weights for all sessions (EngineOptions.share_weights)
@@ -139,6 +142,7 @@ def validate_config(config: ServerConfig) -> ServerConfig:
     for name in ("certfile", "keyfile"):
         path = getattr(config, name)
         check(path is None or Path(path).is_file(), f"--{name} {path} does not exist")
+    cost_tables(config)  # an unreadable table: one line now, not after the model has loaded
     tls_context(config)  # a file that is not PEM, or a key of another certificate: one line now, not at bind
     check(config.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     check(config.log_format in LOG_FORMATS, f"--log-format must be one of {', '.join(LOG_FORMATS)}")
@@ -156,3 +160,15 @@ def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
         raise ValueError(f"--certfile {config.certfile} / --keyfile {config.keyfile}: cannot load them as a PEM "
                          f"certificate and its private key ({exc})") from None
     return context
+
+
+def cost_tables(config: ServerConfig) -> dict[str, MeasuredCosts]:
+    """The measured cost tables of --cost-table by precision ({} without it); ValueError naming the flag."""
+    if config.cost_table is None:
+        return {}
+    try:
+        return read_cost_tables(json.loads(Path(config.cost_table).read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise ValueError(f"--cost-table {config.cost_table}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise ValueError(f"--cost-table {config.cost_table}: {exc}") from None

@@ -28,7 +28,7 @@ from pipeline.segmenter import SegmenterOptions
 from pipeline.providers import resolve_device
 
 from .access import AuthFailures, install_redaction, proxy_networks
-from .config import ServerConfig, segmenter_options, tls_context
+from .config import ServerConfig, cost_tables, segmenter_options, tls_context
 from .connection import Connection
 from .http import listening_urls, process_request
 from .logs import quiet_requests
@@ -142,6 +142,7 @@ class Server:
             return 503, {"status": "warming_up", **body}
         body |= {"provider": self.engine.provider, "containers": list(self.engine.containers),
                  "batch_sizes": list(getattr(self.engine, "batch_sizes", ())),
+                 "costs": self.worker.table.source if self.worker.table is not None else None,
                  "queue": self.worker.depth}
         if self._should_exit.is_set():
             return 503, {"status": "shutting_down", **body}
@@ -184,7 +185,8 @@ class Server:
         if self.engine is None:
             self.engine = Engine(self.config.model, engine_options(self.config))
         self.worker = Worker(self.engine, loop, self.metrics,
-                             max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT)
+                             max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT,
+                             cost_tables=cost_tables(self.config))
         self.worker.ready.add_done_callback(self._on_ready)
         server = await serve(
             self._handle,

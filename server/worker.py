@@ -9,11 +9,14 @@ segment is decoded. Scheduling, all under one lock:
     so the finals queue is bounded by sessions x that bound;
   * BATCH jobs (segments of an uploaded file, server/openai_http.py) run after every waiting final and take
     turns with partials, so a long file never starves live streams' finals or partials.
-Batching: each round takes up to the engine's largest batch size of jobs, finals first (in order), then
-partials and batch jobs taking turns, and runs them in one engine call (pipeline/batching.py packs them
-into warmed fixed shapes). With batch size 1 (the CPU default) a round is one job, exactly the order
-above. A batch that fails is retried job by job, so one bad segment costs no other stream its final; a
-job that still fails gets its own InferenceError.
+Batching: when the engine batches (GPUs), each round is one session call that pipeline/planner.py picks
+from the waiting jobs and a cost table of the warmed (batch, container) shapes: jobs of one container,
+finals first (partials and batch jobs ride in rows the finals leave spare), the least seconds per job by
+the table, a stream's jobs in their order, and the oldest job's container once it has waited the
+planner's patience. The table is the one `bench model --save` measured for the engine's precision
+(`--cost-table`), else modelled (pipeline/planner.py modelled_table). With batch size 1 (the CPU
+default) a round is one job, exactly the order above. A batch that fails is retried job by job, so one
+bad segment costs no other stream its final; a job that still fails gets its own InferenceError.
 Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
 """
 from __future__ import annotations
@@ -24,12 +27,13 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from pipeline.audio import samples_to_seconds
-from pipeline.batching import Clip
+from pipeline.batching import CALL_OVERHEAD_ROWS, Clip
+from pipeline.planner import CostTable, MeasuredCosts, PlannerOptions, Waiting, measured_table, modelled_table, next_run
 from pipeline.decoding import after_context, starting_at
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 from pipeline.trim import Context, Said
@@ -74,8 +78,13 @@ class Job:
 class Worker:
     """Owns the engine and the thread that calls it. `start()` begins loading; await `ready`."""
 
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, max_finals: int) -> None:
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, max_finals: int,
+                 cost_tables: Mapping[str, MeasuredCosts] | None = None,
+                 planner: PlannerOptions = PlannerOptions()) -> None:
         self.engine = engine
+        self.cost_tables = dict(cost_tables or {})  # precision -> measured table (pipeline/planner.py)
+        self.planner = planner
+        self.table: CostTable | None = None  # the planner's table of the warmed grid, once loaded (batching only)
         self.loop = loop
         self.metrics = metrics
         self.max_finals = max_finals
@@ -165,41 +174,70 @@ class Worker:
             self._call_loop(_set_exception, self.ready, exc)
             return
         self._update_unwarmed()
+        self._plan_on_grid()
         self._call_loop(_set_result, self.ready)
         while True:
-            jobs = self._next_jobs()
-            if jobs is None:
+            round_ = self._next_jobs()
+            if round_ is None:
                 return
-            self._execute(jobs)
+            self._execute(*round_)
 
-    def _next_jobs(self) -> list[Job] | None:
-        """One round: up to the largest batch size of jobs, finals first, then partials."""
-        capacity = max(getattr(self.engine, "batch_sizes", None) or (1,))
+    def _plan_on_grid(self) -> None:
+        """The planner's table for the engine's warmed grid (again after a rebuild); None without batching."""
+        if max(getattr(self.engine, "batch_sizes", None) or (1,)) == 1:
+            self.table = None
+            return
+        self.table = cost_table(self.engine, self.cost_tables)
+        log.info("batching on %d shapes, costs %s", len(self.table.seconds), self.table.source)
+
+    def _next_jobs(self) -> tuple[list[Job], int | None] | None:
+        """One round: its jobs and the planned batch (None: one job, in the order of the queues)."""
         with self._cond:
             while not self._stopping and not self._finals and not self._partials and not self._batch:
                 self._cond.wait()
             if self._stopping:
                 return None
-            jobs = []
-            while self._finals and len(jobs) < capacity:
-                jobs.append(self._finals.popleft())
-            while (self._partials or self._batch) and len(jobs) < capacity:
-                if self._partials and (self._partials_turn or not self._batch):
-                    jobs.append(self._partials.popitem(last=False)[1])
-                    self._partials_turn = False
-                else:
-                    jobs.append(self._batch.popleft())
-                    self._partials_turn = True
+            if self.table is not None:
+                jobs, batch = self._planned(self.table)
+            elif self._finals:
+                jobs, batch = [self._finals.popleft()], None
+            elif self._partials and (self._partials_turn or not self._batch):
+                jobs, batch = [self._partials.popitem(last=False)[1]], None
+                self._partials_turn = False
+            else:
+                jobs, batch = [self._batch.popleft()], None
+                self._partials_turn = True
             self._update_depth()
-            return jobs
+            return jobs, batch
 
-    def _execute(self, jobs: list[Job]) -> None:
+    def _planned(self, table: CostTable) -> tuple[list[Job], int]:
+        """The planner's run over every waiting job (under the lock); its jobs leave the queues."""
+        partials, batch = list(self._partials.values()), list(self._batch)
+        first, second = (partials, batch) if self._partials_turn or not batch else (batch, partials)
+        others = [j for pair in zip(first, second) for j in pair] + first[len(second):] + second[len(first):]
+        jobs = list(self._finals) + others
+        now = time.monotonic()
+        run = next_run([Waiting(len(j.audio), j.kind == FINAL, now - j.submitted, j.session) for j in jobs], table,
+                       self.planner)
+        chosen = [jobs[i] for i in run.clips]  # type: ignore[union-attr]  (jobs wait: never None)
+        taken = {id(j) for j in chosen}
+        self._finals = deque(j for j in self._finals if id(j) not in taken)
+        self._batch = deque(j for j in self._batch if id(j) not in taken)
+        for job in chosen:
+            if job.kind == PARTIAL:
+                del self._partials[job.session]
+        kinds = {job.kind for job in chosen}
+        if (PARTIAL in kinds) != (BATCH in kinds):  # the lane that was served gives the other its turn
+            self._partials_turn = BATCH in kinds
+        return chosen, run.batch  # type: ignore[union-attr]
+
+    def _execute(self, jobs: list[Job], batch: int | None = None) -> None:
         jobs = [job for job in jobs if not job.cancelled]
         if not jobs:
             return
         began = time.perf_counter()
         try:
-            results = [(t, None) for t in self._transcribe(jobs)]
+            results = [(t, None) for t in self._transcribe(jobs, batch)]
         except Exception as exc:  # noqa: BLE001 - sorted out job by job below
             if len(jobs) == 1:
                 results = [(None, self._error(jobs[0], exc))]
@@ -215,9 +253,11 @@ class Worker:
             if not job.cancelled:
                 self._call_loop(job.deliver, job, transcript, error)
 
-    def _transcribe(self, jobs: list[Job]) -> list[Any]:
+    def _transcribe(self, jobs: list[Job], batch: int | None = None) -> list[Any]:
         clips = [Clip(job.audio, job.language, job.itn, job.hotwords) for job in jobs]
-        transcripts = self.engine.transcribe_many(clips, [job.audio_start for job in jobs])
+        offsets = [job.audio_start for job in jobs]
+        transcripts = (self.engine.transcribe_many(clips, offsets) if batch is None else
+                       self.engine.transcribe_many(clips, offsets, batch=batch))
         out = []
         for t, job in zip(transcripts, jobs):  # in submission order: a final's words are kept before the next's
             if job.context is not None:
@@ -247,6 +287,24 @@ class Worker:
             self.metrics.engine_rebuilds.inc(rebuilds - self._rebuilds)
             log.warning("the engine rebuilt its sessions (%d so far); now on %s", rebuilds, self.engine.provider)
             self._rebuilds = rebuilds
+            self._plan_on_grid()  # a rebuild on another device has another grid
+
+
+def cost_table(engine: Any, tables: Mapping[str, MeasuredCosts]) -> CostTable:
+    """The planner's table for the engine's warmed grid: the measured one of its precision and device when
+    `tables` has it, else modelled from the device's call overhead (pipeline/batching.py)."""
+    overhead = CALL_OVERHEAD_ROWS["cpu" if engine.device == "cpu" else "gpu"]
+    measured = tables.get(engine.precision)
+    if measured is not None and measured.device != engine.device:
+        log.warning("the cost table for %s was measured on %s, not %s: not used", engine.precision, measured.device,
+                    engine.device)
+        measured = None
+    elif measured is None and tables:
+        log.warning("the cost table has no %s table (it has %s): costs modelled", engine.precision, ", ".join(tables))
+    if measured is None:
+        return modelled_table(engine.grid, overhead)
+    return measured_table(engine.grid, measured.seconds, overhead,
+                          f"measured ({measured.precision} on {measured.device}, {measured.model or 'a model'})")
 
 
 def unwarmed_shape_calls(engine: Any) -> int:

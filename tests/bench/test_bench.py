@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.planner import read_cost_tables
 from pipeline.shapes import DEFAULT_CPU_CONTAINERS
+from server.config import ServerConfig, cost_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,11 +63,18 @@ def test_model_bench_reports_every_policy(tiny_model_dir: Path, tmp_path: Path) 
         assert part["engine"]["peak_rss_mib"] > 0 and part["engine"]["session_seconds"] > 0
         assert set(part["policies"]) == {"fixed", "ladder", "exact"}
         assert set(part["policies"]["exact"]) == {"1", "5"}
-        batches = part["batches"]  # int8 runs one clip per call whatever was asked
-        assert set(batches["per_batch"]) == ({"1", "4"} if precision == "fp32" else {"1"})
+        batches = part["batches"]  # every (batch, container) of the grid; int8 runs one clip per call whatever was asked
+        sizes = (1, 4) if precision == "fp32" else (1,)
+        assert set(batches["per_shape"]) == {f"{b}x{c:g}s" for c in DEFAULT_CPU_CONTAINERS for b in sizes}
         assert batches["unwarmed_calls"] == 0 and batches["in_graph_decoding"]
-        assert all(s["per_segment"] > 0 for s in batches["per_batch"].values())
+        assert all(s["per_segment"] > 0 for s in batches["per_shape"].values())
+        assert all(batches["session_seconds"][k] > 0 for k in batches["per_shape"])
     assert "container_30s_int8_seconds" in result["targets"]
+    # the saved result is a cost table the server plans from, one per precision
+    tables = read_cost_tables(result)
+    assert set(tables) == {"fp32", "int8"} and tables["fp32"].device == "cpu"
+    assert len(tables["fp32"].seconds) == 2 * len(DEFAULT_CPU_CONTAINERS)
+    assert cost_tables(ServerConfig(cost_table=save))["int8"].seconds == tables["int8"].seconds
 
 
 def test_model_bench_refuses_a_missing_or_foreign_directory(tmp_path: Path) -> None:

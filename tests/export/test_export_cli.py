@@ -25,7 +25,7 @@ from export.onnx_export import write_model_dir
 from export.verify import MAX_SCALED_ERR, MIN_COSINE, make_session
 from models.frontend import FEATURE_SIZE
 from pipeline.audio import SAMPLE_RATE, seconds_to_samples
-from pipeline.modeldir import ModelManifest, read_model_directory
+from pipeline.modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, ModelManifest, read_model_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 PARITY = ROOT / "tests" / "fixtures" / "parity"
@@ -114,6 +114,19 @@ def test_random_tiny_export_and_verify_pass(tiny_model_dir: Path) -> None:
         assert set(lengths) == {"5s", "10s", "29s"}, precision
         for figures in lengths.values():
             assert figures["max_abs_err"] <= MAX_SCALED_ERR and figures["cosine"] >= MIN_COSINE and figures["tokens_equal"]
+
+
+def test_an_fp16_only_export_skips_the_fp32_graph(tmp_path: Path) -> None:
+    """A GPU's export (the lease's, bench/gpu_check.sh): one graph traced, with its decoding outputs."""
+    import onnx
+
+    out = tmp_path / "fp16"
+    assert main(["sensevoice", "--random-init", "tiny", "--out", str(out), "--precision", "fp16"]) == 0
+    model = read_model_directory(out)
+    assert model.manifest.files == {"fp16": "model.fp16.onnx"} and model.manifest.top_k == 8
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.fp16.onnx", "tokens.txt"]
+    outputs = [o.name for o in onnx.load(str(out / "model.fp16.onnx"), load_external_data=False).graph.output]
+    assert outputs == list(OUTPUT_NAMES + DECODING_OUTPUT_NAMES)
 
 
 # ---- success: a FunASR checkpoint directory -----------------------------------------------------------

@@ -169,6 +169,8 @@ async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
     (["--certfile", "/nonexistent.pem", "--keyfile", "/nonexistent.key"], "--certfile"),
     (["--containers", "1,2"], "--containers: the largest must hold a whole segment (30 s of audio)"),
     (["--certfile", __file__, "--keyfile", __file__], "cannot load them as a PEM certificate"),  # was "[SSL] PEM lib"
+    (["--cost-table", "/nonexistent.json"], "--cost-table /nonexistent.json: No such file"),
+    (["--cost-table", __file__], "--cost-table"),  # not JSON
 ])
 def test_cli_bad_flags_exit_2_in_one_line(argv, message, test_model_dir, capsys):
     from server.cli import main

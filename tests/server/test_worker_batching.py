@@ -1,5 +1,6 @@
 """The worker's rounds on a real engine (CPU fp32, batches of 1 and 4): jobs that wait together run as one
-batch, and a batch that fails is retried job by job so that only the bad job gets an error."""
+batch, on a ladder each in the container that holds it as the cost table plans (pipeline/planner.py), and a
+batch that fails is retried job by job so that only the bad job gets an error."""
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +8,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from pipeline.audio import seconds_to_samples
+from pipeline.audio import SAMPLE_RATE, seconds_to_samples
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import ProtocolError
+from pipeline.planner import cost_table_document, read_cost_tables
 from server.metrics import Metrics
 from server.worker import FINAL, PARTIAL, Job, Worker
 
@@ -18,11 +20,11 @@ def clip(seconds: float, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(seconds_to_samples(seconds)) * 0.1).astype(np.float32)
 
 
-async def run_round(engine: Engine, specs: list[tuple[str, str]]) -> tuple[dict, Worker]:
+async def run_round(engine: Engine, specs: list[tuple[str, str]], cost_tables=None) -> tuple[dict, Worker]:
     """Queue one job per (kind, language) before the worker starts, so they all wait together; returns
     {segment: (transcript, error)} once each was delivered."""
     loop = asyncio.get_running_loop()
-    worker = Worker(engine, loop, Metrics(), max_finals=64)
+    worker = Worker(engine, loop, Metrics(), max_finals=64, cost_tables=cost_tables)
     results: dict[int, tuple] = {}
     finished = asyncio.Event()
 
@@ -54,6 +56,22 @@ async def test_waiting_jobs_run_as_one_batch(engine):
     for i, (transcript, error) in results.items():
         assert error is None
         assert transcript == engine.transcribe(clip(0.5 + 0.4 * i, i), ("en", "auto", "auto")[i])
+
+
+async def test_jobs_run_in_the_smallest_container_that_holds_them_as_the_table_plans(tiny_model_dir):
+    engine = Engine(tiny_model_dir, EngineOptions(device="cpu", precision="fp32", containers=(1.0, 2.0),
+                                                  batch_sizes=(1, 4)))
+    one, two = SAMPLE_RATE, 2 * SAMPLE_RATE
+    measured = {(1, one): 0.010, (4, one): 0.012, (1, two): 0.020, (4, two): 0.024}
+    tables = read_cost_tables(cost_table_document(measured, "fp32", "cpu", "CPUExecutionProvider", "tiny"))
+    specs = [(FINAL, "auto")] * 4  # 0.5, 0.9 s (the 1 s container), 1.3, 1.7 s (the 2 s one)
+    results, worker = await run_round(engine, specs, tables)
+    assert worker.table.source.startswith("measured") and dict(worker.table.seconds) == measured
+    # two calls, each a batch of 4 holding two finals: the 1 s container first (cheaper per final), then 2 s
+    assert engine.stats.calls == 2 and engine.stats.rows == 4 and engine.stats.spare_rows == 4
+    assert engine.stats.last_container == two and engine.stats.unwarmed_calls == 0
+    for i, (transcript, error) in results.items():
+        assert error is None and transcript == engine.transcribe(clip(0.5 + 0.4 * i, i), "auto")
 
 
 async def test_a_failed_batch_is_retried_job_by_job(engine):
