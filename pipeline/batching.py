@@ -98,6 +98,14 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
         raise ValueError(f"batch sizes must be comma-separated integers including 1, such as 1,4,16 ({exc})") from None
 
 
+def planned_run(containers: Sequence[int], batch: int) -> Run:
+    """The one run a caller planned (pipeline/planner.py): every clip in one container, at most `batch` of them."""
+    if len(set(containers)) != 1 or len(containers) > batch:
+        raise ValueError(f"a planned run holds at most {batch} clips of one container, got {len(containers)} "
+                         f"in containers {sorted(set(containers))}")
+    return Run(batch, containers[0], tuple(range(len(containers))))
+
+
 def plan_batches(containers: Sequence[int], batch_sizes: Sequence[int], call_overhead: float = 0.0) -> list[Run]:
     """Runs for clips whose containers (samples) are `containers`, in the order of their first clip.
 

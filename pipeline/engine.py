@@ -42,7 +42,8 @@ import numpy as np
 import onnxruntime as ort
 
 from .audio import samples_to_seconds
-from .batching import CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack, plan_batches, unpack
+from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack, plan_batches,
+                       planned_run, unpack)
 from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
@@ -54,7 +55,7 @@ from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
 from .qwen3_engine import ARCHITECTURE as QWEN3, build_qwen3, transcribe_qwen3, warm_up_qwen3
 from .providers import PROVIDERS, SessionRunner, devices_to_try, is_device_failure, provider_config
-from .sessions import create_session, load_shared_weights, process_rss, release_free_memory, runner_on
+from .sessions import create_session, footprint, load_shared_weights, process_rss, release_free_memory, runner_on
 from .shapes import ShapePolicy, format_containers
 
 __all__ = ["PRECISION_CHOICES", "WARMUP_FILL", "Engine", "EngineOptions", "EngineStats", "choose_precision",
@@ -147,10 +148,10 @@ class Engine:
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
 
         def create(batch: int, size: int) -> SessionRunner:
-            before = self._footprint()
+            before = footprint(self.memory_probe)
             runner = create_session(path, batch, size, config, self.options.threads, self._shared,
                                     self.options.device_id or 0, self.model.manifest.architecture)
-            self._note(batch, size, before)
+            self.stats.note_session(batch, samples_to_seconds(size), before, footprint(self.memory_probe))
             log.info("created batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - before[0])
             return runner
 
@@ -190,30 +191,17 @@ class Engine:
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
         for (batch, size), session in self._sessions.items():
-            before = self._footprint()
+            before = footprint(self.memory_probe)
             clip = np.zeros(int(size * WARMUP_FILL), np.float32)
             feed = pack([clip] * batch, [prompt] * batch, batch, size)
             self._infer(session, feed, session.output_names, warming=True)
             session.warmed = True
-            self._note(batch, size, before)
+            self.stats.note_session(batch, samples_to_seconds(size), before, footprint(self.memory_probe))
             log.info("warmed batch %d x %.3g s in %.2f s", batch, samples_to_seconds(size), time.perf_counter() - before[0])
         if self._decoder is not None:
             t = time.perf_counter()
             self._decoder.warm_up(self._infer, WARMUP_FILL)
             log.info("warmed %d decoder sessions in %.2f s", len(self._decoder.sessions), time.perf_counter() - t)
-
-    def _footprint(self) -> tuple[float, int | None, int | None]:
-        """(now, resident bytes, device bytes per `memory_probe`) for _note."""
-        return time.perf_counter(), process_rss(), self.memory_probe() if self.memory_probe is not None else None
-
-    def _note(self, batch: int, size: int, before: tuple[float, int | None, int | None]) -> None:
-        """Add the seconds, the resident memory and the device memory (with a `memory_probe`) grown since
-        `before` to the session's figures (creation and warm-up each add theirs)."""
-        key = f"{batch}x{samples_to_seconds(size):g}s" if size else "all shapes"
-        for table, was, now in zip((self.stats.session_seconds, self.stats.session_rss, self.stats.session_device),
-                                   before, self._footprint()):
-            if was is not None and now is not None:
-                table[key] = table.get(key, 0) + now - was
 
     def rebuild(self, device: str | None = None) -> None:
         """Drop every session of the grid and create and warm them again (on `device`, default the current one)."""
@@ -285,13 +273,8 @@ class Engine:
                 raise InferenceError(str(exc), samples=len(audio)) from None
             audios.append(audio)
         results: list[ClipOutput | None] = [None] * len(audios)
-        if batch is None:
-            runs = plan_batches(containers, self.batch_sizes, CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"])
-        elif len(set(containers)) == 1 and len(clips) <= batch:
-            runs = [Run(batch, containers[0], tuple(range(len(clips))))]
-        else:
-            raise ValueError(f"a planned run holds at most {batch} clips of one container, got {len(clips)} "
-                             f"in containers {sorted(set(containers))}")
+        runs = ([planned_run(containers, batch)] if batch is not None else
+                plan_batches(containers, self.batch_sizes, CALL_OVERHEAD_ROWS["cpu" if self.device == "cpu" else "gpu"]))
         for run in runs:
             feed = pack([audios[i] for i in run.rows], [prompts[i] for i in run.rows], run.batch, run.size)
             outputs = self._run_batch(run, feed, topk, full)

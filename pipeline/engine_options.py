@@ -65,6 +65,15 @@ class EngineStats:
     session_device: dict[str, int] = field(default_factory=dict)  # "4x30s" -> device bytes (Engine.memory_probe)
     session_seconds: dict[str, float] = field(default_factory=dict)  # "4x30s" -> its creation + warm-up time
 
+    def note_session(self, batch: int, seconds: float, before: tuple, after: tuple) -> None:
+        """Add what grew from `before` to `after` (pipeline/sessions.py footprint: time, resident bytes, device
+        bytes) to the figures of the session of `batch` x `seconds` (0: the one for all shapes); its creation
+        and its warm-up each add theirs."""
+        key = f"{batch}x{seconds:g}s" if seconds else "all shapes"
+        for table, was, now in zip((self.session_seconds, self.session_rss, self.session_device), before, after):
+            if was is not None and now is not None:
+                table[key] = table.get(key, 0) + now - was
+
 
 def choose_precision(requested: str, device: str, available: dict) -> str:
     """auto: int8 on CPU (an int8 graph is a CPU optimisation), fp16 on GPUs, else fp32."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -147,3 +149,9 @@ def process_rss() -> int | None:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def footprint(device_probe: Callable[[], int | None] | None = None) -> tuple[float, int | None, int | None]:
+    """(now in seconds, this process's resident bytes, the device's bytes in use per `device_probe`), for
+    EngineStats.note_session."""
+    return time.perf_counter(), process_rss(), device_probe() if device_probe is not None else None
