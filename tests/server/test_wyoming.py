@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "fixtures" / "demo"
 CHUNK_SECONDS = 0.064  # Home Assistant's chunks are about this long
 READ_TIMEOUT = 30.0
+WORDS = "start recording four four six play music louder".split()  # multi.wav, as the demo model hears it
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -122,7 +124,7 @@ async def test_a_request_gives_the_uploads_words_and_the_stream_events(server, m
     chunks = "".join(TranscriptChunk.from_event(e).text for e in events if TranscriptChunk.is_type(e.type))
     assert chunks == text
     if server.server.model.manifest.notice:  # the demo model: its words are known
-        assert text.lower().replace(".", "").split() == "start recording four four six play music louder".split()
+        assert text.lower().replace(".", "").split() == WORDS
 
 
 @e2e
@@ -131,7 +133,7 @@ async def test_any_announced_format_is_resampled(server, multi, rate, width, cha
     events = await transcribe(server, multi, rate, width, channels)
     text = Transcript.from_event(events[-2]).text
     if server.server.model.manifest.notice and width > 1:  # 8-bit audio is too coarse to promise every word
-        assert text.lower().replace(".", "").split() == "start recording four four six play music louder".split()
+        assert text.lower().replace(".", "").split() == WORDS
     assert TranscriptStart.is_type(events[0].type)
 
 
@@ -199,6 +201,33 @@ async def test_describe_is_answered_when_full_and_a_request_is_refused(server):
             await c.disconnect()
 
 
+# ---- docs/wyoming.md, run as written -------------------------------------------------------------------
+
+DOC = ROOT / "docs" / "wyoming.md"
+
+
+def doc_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+
+
+def test_the_docs_switches_are_the_servers_flags():
+    from server.cli import build_parser
+
+    lines = [line.split("#")[0].split() for block in doc_blocks("bash") for line in block.splitlines()]
+    configs = [vars(build_parser().parse_args(line[1:])) for line in lines if line[:1] == ["unipad"]]
+    assert [(c["wyoming_port"], c["wyoming_host"]) for c in configs] == [(10300, "127.0.0.1"),
+                                                                           (10300, "192.168.1.20")]
+
+
+@e2e
+async def test_the_docs_client_gets_the_transcript(server, multi):
+    (code,) = doc_blocks("python")
+    namespace: dict[str, Any] = {}
+    exec(code.replace("10300", str(server.server.wyoming_port)), namespace)  # the port we got instead of 10300
+    text = await namespace["transcribe"](pcm(multi, SAMPLE_RATE))
+    assert text == await upload(server, multi)
+
+
 # ---- the pure framing ----------------------------------------------------------------------------------
 
 def test_events_split_anywhere_are_reassembled():
@@ -235,3 +264,24 @@ def test_languages_map_onto_the_models():
     assert requested_language(Event("transcribe", {}), ["en"]) == "auto"
     with pytest.raises(ProtocolError):
         requested_language(Event("transcribe", {"language": "de"}), ["en"])
+
+
+# ---- last, as it ends the module's server -------------------------------------------------------------
+
+@e2e
+async def test_shutdown_mid_request_still_sends_the_transcript(server, multi):
+    data = pcm(multi, SAMPLE_RATE)
+    async with client(server) as c:
+        await c.write_event(Transcribe(language="en").event())
+        await c.write_event(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
+        await c.write_event(AudioChunk(rate=SAMPLE_RATE, width=2, channels=1, audio=data).event())
+        while not any(s.session and s.session.received_seconds >= len(multi) / SAMPLE_RATE
+                      for s in server.server.connections):
+            await asyncio.sleep(0.01)
+        server.server.request_shutdown()  # no audio-stop: the server ends the request itself
+        events = []
+        while (event := await c.read_event()) is not None:
+            events.append(event)
+    assert [e.type for e in events][-2:] == ["transcript", "transcript-stop"]
+    if server.server.model.manifest.notice:  # the demo model: its words are known
+        assert Transcript.from_event(events[-2]).text.split() == WORDS
