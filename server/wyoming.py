@@ -70,6 +70,7 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+@functools.cache
 def _version() -> str | None:
     """The installed unipad-asr's version (info's `version`); None in a checkout that was never installed."""
     try:
@@ -164,6 +165,10 @@ class _Channel:
             raise item
         return item
 
+    def unread(self, event: Event) -> None:
+        """Put `event` back: the next recv() returns it (the first request event, read before admission)."""
+        self._items.appendleft(event)
+
     async def send(self, data: bytes) -> None:
         if self._closed.done():
             raise ConnectionClosed(None, None)
@@ -230,7 +235,7 @@ class WyomingConnection(StreamConnection):
             if event is None:
                 return False
             if event.type != "describe":
-                self.ws._items.appendleft(event)  # type: ignore[attr-defined]
+                self.ws.unread(event)  # type: ignore[attr-defined]
                 return True
             await self._send(self._info())
 
