@@ -13,6 +13,8 @@ leading silence of --silences, 0.5 s by default). They go through one server we 
     livekit          livekit-plugins-openai's STT with use_realtime=True (its server VAD, prefix 600 ms)
     wyoming          the `wyoming` package's client on --wyoming-port, one request per recording (Home
                      Assistant's voice commands), 16 kHz PCM16 in 64 ms chunks; its `transcript`
+    wyoming-joined   the same, one request holding every recording with GAP s of silence after each (a long
+                     dictation with pauses, cut by the server's VAD)
 
 The framework doors hear the recordings one after another in one session (20 ms frames at 4x real time,
 as docs/openai.md configures them), so WER is counted over the joined texts, for every door alike.
@@ -35,7 +37,7 @@ from .serverproc import ServerProcess, free_port
 from . import silence
 from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
 
-DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming")
+DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming", "wyoming-joined")
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
 FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
 PACE = 4.0  # frames go out this many times faster than real time
@@ -103,6 +105,7 @@ async def livekit_text(port: int, audio: list[np.ndarray]) -> str:
 
 
 async def wyoming_text(port: int, audio: list[np.ndarray]) -> str:
+    """One Wyoming request per recording in `audio`; the transcripts joined."""
     from wyoming.asr import Transcribe, Transcript
     from wyoming.audio import AudioChunk, AudioStart, AudioStop
     from wyoming.client import AsyncTcpClient
@@ -134,6 +137,8 @@ async def through_doors(port: int, audio: list[np.ndarray], wyoming_port: int) -
     out["pipecat"] = await pipecat_text(port, audio)
     out["livekit"] = await livekit_text(port, audio)
     out["wyoming"] = await wyoming_text(wyoming_port, audio)
+    gap = np.zeros(int(GAP * SAMPLE_RATE), np.float32)
+    out["wyoming-joined"] = await wyoming_text(wyoming_port, [np.concatenate([x for a in audio for x in (a, gap)])])
     return out
 
 
