@@ -11,6 +11,10 @@ leading silence of --silences, 0.5 s by default). They go through one server we 
     realtime-600     OpenAI Realtime, server VAD with prefix_padding_ms 600 (LiveKit's default), then a commit
     pipecat          pipecat's OpenAIRealtimeSTTService in its default mode: its Silero VAD commits each turn
     livekit          livekit-plugins-openai's STT with use_realtime=True (its server VAD, prefix 600 ms)
+    wyoming          the `wyoming` package's client on --wyoming-port, one request per recording (Home
+                     Assistant's voice commands), 16 kHz PCM16 in 64 ms chunks; its `transcript`
+    wyoming-joined   the same, one request holding every recording with GAP s of silence after each (a long
+                     dictation with pauses, cut by the server's VAD)
 
 The framework doors hear the recordings one after another in one session (20 ms frames at 4x real time,
 as docs/openai.md configures them), so WER is counted over the joined texts, for every door alike.
@@ -29,11 +33,11 @@ import soxr
 from pipeline.audio import SAMPLE_RATE
 
 from .common import command_line, emit, machine, say
-from .serverproc import ServerProcess
+from .serverproc import ServerProcess, free_port
 from . import silence
 from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
 
-DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit")
+DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming", "wyoming-joined")
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
 FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
 PACE = 4.0  # frames go out this many times faster than real time
@@ -100,7 +104,29 @@ async def livekit_text(port: int, audio: list[np.ndarray]) -> str:
     return " ".join(finals)
 
 
-async def through_doors(port: int, audio: list[np.ndarray]) -> dict[str, str]:
+async def wyoming_text(port: int, audio: list[np.ndarray]) -> str:
+    """One Wyoming request per recording in `audio`; the transcripts joined."""
+    from wyoming.asr import Transcribe, Transcript
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+
+    texts = []
+    fmt = {"rate": SAMPLE_RATE, "width": 2, "channels": 1}
+    for recording in audio:
+        data, step = pcm16(recording), SAMPLE_RATE * 64 // 1000 * 2
+        async with AsyncTcpClient("127.0.0.1", port, read_timeout=60.0) as client:  # as Home Assistant does
+            await client.write_event(Transcribe(language="en").event())
+            await client.write_event(AudioStart(**fmt).event())
+            for i in range(0, len(data), step):
+                await client.write_event(AudioChunk(**fmt, audio=data[i:i + step]).event())
+            await client.write_event(AudioStop().event())
+            while not Transcript.is_type((event := await client.read_event()).type):
+                pass
+            texts.append(Transcript.from_event(event).text)
+    return " ".join(texts)
+
+
+async def through_doors(port: int, audio: list[np.ndarray], wyoming_port: int) -> dict[str, str]:
     """The joined texts of the recordings at each door."""
     out = {"upload": " ".join([await upload_text(port, a) for a in audio]),
            "upload-24k": " ".join([await upload_text(port, soxr.resample(a, SAMPLE_RATE, WIRE_RATE), WIRE_RATE)
@@ -110,6 +136,9 @@ async def through_doors(port: int, audio: list[np.ndarray]) -> dict[str, str]:
             out[door] = " ".join([await session.text(a) for a in audio])
     out["pipecat"] = await pipecat_text(port, audio)
     out["livekit"] = await livekit_text(port, audio)
+    out["wyoming"] = await wyoming_text(wyoming_port, audio)
+    gap = np.zeros(int(GAP * SAMPLE_RATE), np.float32)
+    out["wyoming-joined"] = await wyoming_text(wyoming_port, [np.concatenate([x for a in audio for x in (a, gap)])])
     return out
 
 
@@ -131,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--utterances must be at least 1 and --silences at least 0")
     say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences")
     texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers)
+    wyoming_port = free_port()
     server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.0, precision=args.precision,
-                                     threads=args.threads, containers=None, server_log=args.server_log)
+                                     threads=args.threads, containers=None, server_log=args.server_log,
+                                     options=("--wyoming-port", str(wyoming_port)))
     server = ServerProcess(server_args, max_sessions=4)
     result: dict[str, Any] = {"command": command_line(), "machine": machine(), "model": str(args.model),
                               "precision": args.precision, "utterances": args.utterances, "wer": {}}
@@ -140,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(server.wait_ready(300))
         for lead in silences:
             say(f"silence {lead:g} s: upload, Realtime, pipecat, LiveKit")
-            hypotheses = asyncio.run(through_doors(server.port, audio[lead]))
+            hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port))
             result["wer"][f"{lead:g}"] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
     finally:
         server.stop()

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
     p.add_argument("--funasr-port", type=int, default=None,
                    help="also speak the FunASR runtime protocol on this port (default: off)")
+    p.add_argument("--wyoming-port", type=int, default=None,
+                   help="also speak Home Assistant's Wyoming protocol on this port, e.g. 10300 (default: off)")
+    p.add_argument("--wyoming-host", default=d.wyoming_host,
+                   help="address of the Wyoming port; it has no authentication, so only a trusted network's")
     p.add_argument("--hotwords", type=Path, default=None,
                    help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")

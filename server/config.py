@@ -65,6 +65,8 @@ class ServerConfig:
     certfile: Path | None = None  # TLS certificate (PEM); with keyfile, serves wss:// and https://
     keyfile: Path | None = None
     funasr_port: int | None = None  # also serve the FunASR runtime protocol on this port (server/funasr.py)
+    wyoming_port: int | None = None  # also serve Home Assistant's Wyoming protocol on this port (server/wyoming.py)
+    wyoming_host: str = "127.0.0.1"  # Wyoming has no authentication: loopback unless told otherwise (docs/wyoming.md)
     hotwords: Path | None = None  # server-wide hotwords, one a line (pipeline/hotwords.py read_hotwords_file)
     log_level: str = "info"
     log_format: str = "text"  # text, or json lines
@@ -107,6 +109,8 @@ def validate_config(config: ServerConfig) -> ServerConfig:
     check(0 <= config.port <= 65535, f"--port must be 0-65535, got {config.port}")
     check(config.funasr_port is None or 0 <= config.funasr_port <= 65535,
           f"--funasr-port must be 0-65535, got {config.funasr_port}")
+    check(config.wyoming_port is None or 0 <= config.wyoming_port <= 65535,
+          f"--wyoming-port must be 0-65535, got {config.wyoming_port}")
     resolve_device(config.device)  # ValueError naming --device or INFERENCE_DEVICE
     check(config.precision in PRECISION_CHOICES,
           f"--precision must be one of {', '.join(PRECISION_CHOICES)}, got {config.precision!r}")

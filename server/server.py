@@ -105,6 +105,7 @@ class Server:
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
         self.funasr_port: int | None = None  # the FunASR adapter's bound port, once listening (server/funasr.py)
+        self.wyoming_port: int | None = None  # the Wyoming adapter's bound port, once listening (server/wyoming.py)
         self.listening = asyncio.Event()  # set once the port is bound
         self.stopped = asyncio.Event()  # set once shutdown has finished
         self.shutting_down: asyncio.Future[None]  # done when shutdown begins; connections wait on it
@@ -204,6 +205,10 @@ class Server:
         log.info("%s", notice_line(self.model))
         if self.config.funasr_port is not None:
             self._listeners.append(await self._start_funasr())
+        if self.config.wyoming_port is not None:
+            from . import wyoming  # imported only when asked for
+
+            self._listeners.append(await wyoming.start(self, self.config.wyoming_host, self.config.wyoming_port))
         # Only once the ports are bound: a taken port then ends the process with no thread inside ONNX Runtime
         # (exiting while one loads a model aborts the process: "terminate called without an active exception").
         self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
