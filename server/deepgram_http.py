@@ -10,6 +10,7 @@ refused: this server makes no requests to addresses a client names. Errors are D
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import uuid
@@ -224,15 +225,7 @@ class DeepgramFile(FileTranscription):
 
     def _blocks(self, body: bytes, channel: int) -> Iterator[np.ndarray]:
         """One channel (or, without multichannel, all averaged) as float32 blocks at SAMPLE_RATE."""
-        if self.options.encoding is not None:
-            rate = self.options.sample_rate or SAMPLE_RATE
-            decoder = PcmDecoder(self.options.encoding, self.options.channels)
-            step = BLOCK_SECONDS * rate * decoder.frame_bytes
-            raw: Iterator[np.ndarray] = (decoder.feed(body[i:i + step]) for i in range(0, len(body), step))
-        else:
-            file = open_audio(body, "audio")
-            rate = file.samplerate
-            raw = iter(lambda: file.read(BLOCK_SECONDS * rate, dtype="float32", always_2d=True), None)
+        rate, raw = self._raw_blocks(body)
         stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
         for block in raw:
             last = len(block) == 0
@@ -245,10 +238,23 @@ class DeepgramFile(FileTranscription):
                 yield np.clip(mono, -1.0, 1.0)
             if last:
                 return
-        if stream is not None:
-            tail = stream.resample_chunk(np.zeros(0, np.float32), last=True)
-            if len(tail):
-                yield tail
+
+    def _raw_blocks(self, body: bytes) -> tuple[int, Iterator[np.ndarray]]:
+        """The body's rate and its float32 [frames, channels] blocks at that rate, the last one empty."""
+        if self.options.encoding is None:
+            file = open_audio(body, "audio")
+
+            def read() -> Iterator[np.ndarray]:
+                while len(block := file.read(BLOCK_SECONDS * file.samplerate, dtype="float32", always_2d=True)):
+                    yield block
+                yield block
+
+            return file.samplerate, read()
+        rate = self.options.sample_rate or SAMPLE_RATE
+        decoder = PcmDecoder(self.options.encoding, self.options.channels)
+        step = BLOCK_SECONDS * rate * decoder.frame_bytes
+        blocks = (decoder.feed(body[i:i + step]) for i in range(0, len(body), step))
+        return rate, itertools.chain(blocks, [np.zeros((0, self.options.channels), np.float32)])
 
     async def _channel(self, blocks: Iterator[np.ndarray], channel: int) -> list[Utterance]:
         """One channel's segments through the worker, in order."""
