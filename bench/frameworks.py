@@ -11,6 +11,9 @@ leading silence of --silences, 0.5 s by default). They go through one server we 
     realtime-600     OpenAI Realtime, server VAD with prefix_padding_ms 600 (LiveKit's default), then a commit
     pipecat          pipecat's OpenAIRealtimeSTTService in its default mode: its Silero VAD commits each turn
     livekit          livekit-plugins-openai's STT with use_realtime=True (its server VAD, prefix 600 ms)
+    dg-*             the Deepgram doors (bench/deepgram.py): POST, a raw live stream, LiveKit's and pipecat's
+                     Deepgram STT with their defaults; plus interim results per speech-second and the
+                     speech_final / UtteranceEnd delays of one real-time live stream ("deepgram_timing")
 
 The framework doors hear the recordings one after another in one session (20 ms frames at 4x real time,
 as docs/openai.md configures them), so WER is counted over the joined texts, for every door alike.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +34,10 @@ from pipeline.audio import SAMPLE_RATE
 
 from .common import command_line, emit, machine, say
 from .serverproc import ServerProcess
-from . import silence
+from . import deepgram, silence
 from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
 
-DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit")
+DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", *deepgram.DOORS)
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
 FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
 PACE = 4.0  # frames go out this many times faster than real time
@@ -110,7 +114,7 @@ async def through_doors(port: int, audio: list[np.ndarray]) -> dict[str, str]:
             out[door] = " ".join([await session.text(a) for a in audio])
     out["pipecat"] = await pipecat_text(port, audio)
     out["livekit"] = await livekit_text(port, audio)
-    return out
+    return out | await deepgram.texts(port, audio, GAP, PACE, QUIET)
 
 
 def wer(reference: str, hypothesis: str) -> dict[str, Any]:
@@ -131,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--utterances must be at least 1 and --silences at least 0")
     say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences")
     texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers)
-    server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.0, precision=args.precision,
+    # partials on (the server's default interval): the Deepgram timing counts interim results; no door's
+    # final text depends on them
+    server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.5, precision=args.precision,
                                      threads=args.threads, containers=None, server_log=args.server_log)
     server = ServerProcess(server_args, max_sessions=4)
     result: dict[str, Any] = {"command": command_line(), "machine": machine(), "model": str(args.model),
@@ -142,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
             say(f"silence {lead:g} s: upload, Realtime, pipecat, LiveKit")
             hypotheses = asyncio.run(through_doors(server.port, audio[lead]))
             result["wer"][f"{lead:g}"] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
+        say("deepgram timing: one live stream at real-time pace")
+        result["deepgram_timing"] = asyncio.run(deepgram.timing(server.port, audio[silences[0]], GAP))
+        say(json.dumps(result["deepgram_timing"]))
     finally:
         server.stop()
     silence.report(result, silences, DOORS)
