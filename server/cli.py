@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keyfile", type=Path, default=None, help="TLS private key (PEM)")
     p.add_argument("--funasr-port", type=int, default=None,
                    help="also speak the FunASR runtime protocol on this port (default: off)")
+    p.add_argument("--fetch-urls", action="store_true",
+                   help="POST /v1/listen (Deepgram) may fetch audio from a JSON body's url (only where clients are trusted)")
     p.add_argument("--hotwords", type=Path, default=None,
                    help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")

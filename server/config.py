@@ -65,6 +65,9 @@ class ServerConfig:
     certfile: Path | None = None  # TLS certificate (PEM); with keyfile, serves wss:// and https://
     keyfile: Path | None = None
     funasr_port: int | None = None  # also serve the FunASR runtime protocol on this port (server/funasr.py)
+    # POST /v1/listen may fetch the audio a JSON body's "url" names (Deepgram's); off: the server makes no
+    # requests to addresses clients name (server/deepgram_http.py)
+    fetch_urls: bool = False
     hotwords: Path | None = None  # server-wide hotwords, one a line (pipeline/hotwords.py read_hotwords_file)
     log_level: str = "info"
     log_format: str = "text"  # text, or json lines

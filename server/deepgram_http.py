@@ -5,7 +5,8 @@ names an `encoding` (with sample_rate). Segmented and decoded as OpenAI's upload
 FileTranscription: the same VAD, BATCH jobs taking turns with live streams, one session against
 --max-sessions); with multichannel=true each channel is its own pass. The answer is Deepgram's response
 (server/deepgram_shapes.py); `utterances=true` adds results.utterances. A JSON body naming a `url` is
-refused: this server makes no requests to addresses a client names. Errors are Deepgram's error body.
+refused unless the server runs with --fetch-urls: by default it makes no requests to addresses a client
+names (a server-side request forgery). Errors are Deepgram's error body.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_JSON_BODY = 64 << 10  # a {"url": ...} request
+FETCH_TIMEOUT = 30.0  # seconds a --fetch-urls download may stall
 
 
 # ---- the handshake -------------------------------------------------------------------------------------
@@ -170,7 +172,7 @@ class DeepgramFile(FileTranscription):
     async def run(self, request: HttpRequest) -> None:  # type: ignore[override]
         body = await self._body(request)
         if request.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json":
-            self._refuse_url(body)
+            body = await self._fetch(_url_of(body))
         channels = await asyncio.to_thread(self._channel_count, body)
         self.hotwords = hotword_graph(self.app, self.options, f"deepgram request {self.id}")
         try:
@@ -204,16 +206,18 @@ class DeepgramFile(FileTranscription):
             raise DeepgramError(408, f"the request body stalled: nothing arrived for {BODY_TIMEOUT:g} s",
                                 "REQUEST_TIMEOUT") from None
 
-    @staticmethod
-    def _refuse_url(body: bytes) -> None:
+    async def _fetch(self, url: str) -> bytes:
+        """The audio at `url`, with --fetch-urls; refused without (no requests to addresses clients name)."""
+        if not self.app.config.fetch_urls:
+            raise DeepgramError(400, f"this server does not fetch audio from URLs ({url[:80]!r}): it makes no "
+                                "requests to addresses a client names unless started with --fetch-urls. POST the "
+                                "audio itself as the body (Content-Type: audio/wav or application/octet-stream)")
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise DeepgramError(400, f"url must be http:// or https://, got {url[:80]!r}")
         try:
-            url = json.loads(body).get("url") if len(body) <= MAX_JSON_BODY else None
-        except (ValueError, AttributeError):
-            raise DeepgramError(400, "Content-Type was application/json, but the body is not a JSON object with "
-                                "a \"url\"") from None
-        raise DeepgramError(400, f"this server does not fetch audio from URLs ({str(url)[:80]!r}): it makes no "
-                            "requests to addresses a client names. POST the audio itself as the body "
-                            "(Content-Type: audio/wav or application/octet-stream)")
+            return await asyncio.to_thread(_download, url)
+        except OSError as exc:  # urllib's URLError and HTTPError are OSErrors
+            raise DeepgramError(400, f"could not fetch {url[:80]!r}: {exc}") from None
 
     def _channel_count(self, body: bytes) -> int:
         if self.options.encoding is not None:
@@ -279,3 +283,25 @@ class DeepgramFile(FileTranscription):
                 if (left := pending.get_nowait()) is not None:
                     left.cancel()
         return out
+
+
+def _url_of(body: bytes) -> str:
+    try:
+        url = json.loads(body).get("url") if len(body) <= MAX_JSON_BODY else None
+    except (ValueError, AttributeError):
+        url = None
+    if not isinstance(url, str):
+        raise DeepgramError(400, "Content-Type was application/json, but the body is not a JSON object with a "
+                            "string \"url\"")
+    return url
+
+
+def _download(url: str) -> bytes:
+    """At most MAX_UPLOAD_BYTES, FETCH_TIMEOUT per read (on a thread)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as answer:  # noqa: S310 - http(s) only, checked
+        data = answer.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise OSError(f"more than {MAX_UPLOAD_BYTES} bytes")
+    return data

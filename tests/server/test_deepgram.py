@@ -203,3 +203,27 @@ async def test_bad_input_answered_in_deepgram_form(serve_test_server, test_model
         got, code = await good
     assert code == 1000
     check_heard(finals(got), test_model_dir)
+
+
+async def test_url_fetched_only_with_fetch_urls(serve_test_server, test_model_dir):
+    """--fetch-urls: a JSON body's url is fetched (here from a local HTTP server) and transcribed."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HELD_OUT.parent))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined] - nothing into pytest's output
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    try:
+        async with serve_test_server(token=TOKEN, fetch_urls=True) as url:
+            body = json.dumps({"url": f"http://127.0.0.1:{files.server_port}/{HELD_OUT.name}"}).encode()
+            status, answer = await post(url.port, "/v1/listen?utterances=true", body,
+                                        {"Authorization": f"Token {TOKEN}", "Content-Type": "application/json"})
+            assert status == 200, answer
+            check_heard([u["transcript"] for u in answer["results"]["utterances"]], test_model_dir)
+            status, answer = await post(url.port, "/v1/listen", b'{"url": "file:///etc/passwd"}',
+                                        {"Authorization": f"Token {TOKEN}", "Content-Type": "application/json"})
+            assert status == 400 and "http:// or https://" in answer["err_msg"]
+    finally:
+        files.shutdown()
