@@ -6,7 +6,9 @@
     dg-livekit   livekit-plugins-deepgram's STT(base_url=...) with its defaults, stream()
     dg-pipecat   pipecat's DeepgramSTTService(base_url=...) with its defaults
 and `timing()`: one live stream at real-time pace with interim results, endpointing and utterance_end_ms, for
-the interim results per speech-second and how long after the end silence speech_final and UtteranceEnd come.
+the interim results per speech-second and how long after the end silence speech_final and UtteranceEnd come
+(UtteranceEnd: after last_word_end + utterance_end_ms, and after the later of that and the VAD's end + the end
+silence, since it waits for the final's words).
 """
 from __future__ import annotations
 
@@ -141,12 +143,25 @@ async def timing(port: int, audio: list[np.ndarray], gap: float) -> dict[str, An
     speech = sum(m["duration"] for _, m in finals)
     interims = sum(1 for _, m in results if not m["is_final"])
     final_lag = [t - sent_at(m["start"] + m["duration"] + ENDPOINTING_MS / 1000) for t, m in finals if m["speech_final"]]
-    end_lag = [t - sent_at(m["last_word_end"] + UTTERANCE_END_MS / 1000) for t, m in got if m["type"] == "UtteranceEnd"]
+    # UtteranceEnd needs the final's words, which come after the VAD's end silence: where the VAD heard sound
+    # after the last word (a breath, a word the model missed), that is later than last_word_end + the wait
+    word_lag, due_lag, speech_end = [], [], 0.0
+    for t, m in got:
+        if m["type"] == "Results" and m["is_final"]:
+            speech_end = m["start"] + m["duration"]
+        elif m["type"] == "UtteranceEnd":
+            word_lag.append(t - sent_at(m["last_word_end"] + UTTERANCE_END_MS / 1000))
+            due_lag.append(t - sent_at(max(m["last_word_end"] + UTTERANCE_END_MS / 1000,
+                                           speech_end + ENDPOINTING_MS / 1000)))
 
     def summary(values: list[float]) -> dict[str, Any]:
-        return {"count": len(values), "median": round(float(np.median(values)), 3) if values else None,
-                "max": round(max(values), 3) if values else None}
+        if not values:
+            return {"count": 0}
+        return {"count": len(values), "median": round(float(np.median(values)), 3),
+                "p90": round(float(np.percentile(values, 90)), 3), "max": round(max(values), 3)}
 
     return {"speech_seconds": round(speech, 2), "interims": interims,
             "interims_per_speech_second": round(interims / max(speech, 1e-9), 2),
-            "speech_final_after_end_silence": summary(final_lag), "utterance_end_after_wait": summary(end_lag)}
+            "speech_final_after_end_silence": summary(final_lag),
+            "utterance_end_after_last_word_and_wait": summary(word_lag),
+            "utterance_end_after_wait_and_end_silence": summary(due_lag)}
