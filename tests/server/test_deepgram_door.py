@@ -1,5 +1,5 @@
 """The Deepgram door: its pure parts (query, G.711, WAV header) and, against one real server per test, what
-the clients in tests/frameworks/test_deepgram.py do not send: other encodings, WAV, multichannel, Finalize,
+the clients in tests/frameworks/test_deepgram_clients.py do not send: other encodings, WAV, multichannel, Finalize,
 the browsers' key, and bad input answered in Deepgram's own form without costing another stream anything."""
 from __future__ import annotations
 
