@@ -15,6 +15,9 @@ leading silence of --silences, 0.5 s by default). They go through one server we 
                      Assistant's voice commands), 16 kHz PCM16 in 64 ms chunks; its `transcript`
     wyoming-joined   the same, one request holding every recording with GAP s of silence after each (a long
                      dictation with pauses, cut by the server's VAD)
+    dg-*             the Deepgram doors (bench/deepgram.py): POST, a raw live stream, LiveKit's and pipecat's
+                     Deepgram STT with their defaults; plus interim results per speech-second and the
+                     speech_final / UtteranceEnd delays of one real-time live stream ("deepgram_timing")
 
 The framework doors hear the recordings one after another in one session (20 ms frames at 4x real time,
 as docs/openai.md configures them), so WER is counted over the joined texts, for every door alike.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +38,11 @@ from pipeline.audio import SAMPLE_RATE
 
 from .common import command_line, emit, machine, say
 from .serverproc import ServerProcess, free_port
-from . import silence
+from . import deepgram, silence
 from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
 
-DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming", "wyoming-joined")
+DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming", "wyoming-joined",
+         *deepgram.DOORS)
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
 FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
 PACE = 4.0  # frames go out this many times faster than real time
@@ -139,7 +144,7 @@ async def through_doors(port: int, audio: list[np.ndarray], wyoming_port: int) -
     out["wyoming"] = await wyoming_text(wyoming_port, audio)
     gap = np.zeros(int(GAP * SAMPLE_RATE), np.float32)
     out["wyoming-joined"] = await wyoming_text(wyoming_port, [np.concatenate([x for a in audio for x in (a, gap)])])
-    return out
+    return out | await deepgram.texts(port, audio, GAP, PACE, QUIET)
 
 
 def wer(reference: str, hypothesis: str) -> dict[str, Any]:
@@ -161,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
     say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences")
     texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers)
     wyoming_port = free_port()
-    server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.0, precision=args.precision,
+    # partials on (the server's default interval): the Deepgram timing counts interim results; no door's
+    # final text depends on them
+    server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.5, precision=args.precision,
                                      threads=args.threads, containers=None, server_log=args.server_log,
                                      options=("--wyoming-port", str(wyoming_port)))
     server = ServerProcess(server_args, max_sessions=4)
@@ -173,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
             say(f"silence {lead:g} s: upload, Realtime, pipecat, LiveKit")
             hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port))
             result["wer"][f"{lead:g}"] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
+        say("deepgram timing: one live stream at real-time pace")
+        result["deepgram_timing"] = asyncio.run(deepgram.timing(server.port, audio[silences[0]], GAP))
+        say(json.dumps(result["deepgram_timing"]))
     finally:
         server.stop()
     silence.report(result, silences, DOORS)

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also speak Home Assistant's Wyoming protocol on this port, e.g. 10300 (default: off)")
     p.add_argument("--wyoming-host", default=d.wyoming_host,
                    help="address of the Wyoming port; it has no authentication, so only a trusted network's")
+    p.add_argument("--fetch-urls", action="store_true",
+                   help="POST /v1/listen (Deepgram) may fetch audio from a JSON body's url (only where clients are trusted)")
     p.add_argument("--hotwords", type=Path, default=None,
                    help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")

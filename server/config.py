@@ -67,6 +67,9 @@ class ServerConfig:
     funasr_port: int | None = None  # also serve the FunASR runtime protocol on this port (server/funasr.py)
     wyoming_port: int | None = None  # also serve Home Assistant's Wyoming protocol on this port (server/wyoming.py)
     wyoming_host: str = "127.0.0.1"  # Wyoming has no authentication: loopback unless told otherwise (docs/wyoming.md)
+    # POST /v1/listen may fetch the audio a JSON body's "url" names (Deepgram's); off: the server makes no
+    # requests to addresses clients name (server/deepgram_http.py)
+    fetch_urls: bool = False
     hotwords: Path | None = None  # server-wide hotwords, one a line (pipeline/hotwords.py read_hotwords_file)
     log_level: str = "info"
     log_format: str = "text"  # text, or json lines

@@ -20,6 +20,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from .access import FORWARDED_FOR, forwarded_client
+from .deepgram_shapes import LISTEN_PATH
 from .model_info import MODEL_CARD_PATH, MODEL_PATH, model_card, model_info
 from .protocol import STREAM_PATH
 
@@ -144,6 +145,10 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     if path == MODEL_CARD_PATH:
         card = model_card(app.model)
         return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")
+    if path == LISTEN_PATH:  # Deepgram's (docs/deepgram.md): before /v1/ below, which is OpenAI's
+        from . import deepgram_http
+
+        return deepgram_http.get_response(app, connection, request)
     if path.startswith("/v1/"):  # OpenAI's API (docs/openai.md)
         from . import openai_http, openai_realtime
 
@@ -164,3 +169,13 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH}\n")
     return static_file(path)
+
+
+async def handle_body_request(app: Server, exchange: Any, request: Any) -> None:
+    """A request with a body (server/http_body.py): Deepgram's POST /v1/listen, else OpenAI's API."""
+    from . import deepgram_http, openai_http
+
+    if request.path.split("?", 1)[0] == LISTEN_PATH:
+        await deepgram_http.handle(app, exchange, request)
+    else:
+        await openai_http.handle(app, exchange, request)

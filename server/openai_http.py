@@ -159,6 +159,7 @@ class FileTranscription:
         self.id = uuid.uuid4().hex[:12]
         self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
         self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
+        self.hotwords: Any = None  # the ContextGraph its segments decode with; None: the server's hotwords
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -289,6 +290,7 @@ class FileTranscription:
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,
-                                   deliver=deliver, language=language, hotwords=self.app.server_hotword_graph,
+                                   deliver=deliver, language=language,
+                                   hotwords=self.hotwords or self.app.server_hotword_graph,
                                    context=context, said=said))
         return future

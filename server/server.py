@@ -61,12 +61,13 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
 
 def openai_listener_options(app: Server) -> dict[str, Any]:
     """The stream port also takes POSTs (server/http_body.py, which applies the opening-handshake timeout
-    itself) and offers the Realtime endpoint's subprotocol (server/openai_realtime.py)."""
-    from . import openai_http, openai_realtime
+    itself) and offers the Realtime and Deepgram endpoints' subprotocols."""
+    from .deepgram_http import select_subprotocol
+    from .http import handle_body_request
     from .http_body import connection_class
 
-    return dict(create_connection=connection_class(functools.partial(openai_http.handle, app)), open_timeout=None,
-                select_subprotocol=openai_realtime.select_subprotocol)
+    return dict(create_connection=connection_class(functools.partial(handle_body_request, app)), open_timeout=None,
+                select_subprotocol=select_subprotocol)  # Deepgram's "token", else Realtime's
 
 
 def engine_options(config: ServerConfig) -> EngineOptions:
@@ -241,10 +242,13 @@ class Server:
         await self._should_exit.wait()
 
     async def _handle(self, ws: ServerConnection) -> None:
+        from .deepgram_live import DeepgramConnection
+        from .deepgram_shapes import LISTEN_PATH
         from .openai_realtime import REALTIME_PATH, RealtimeConnection
 
-        realtime = ws.request is not None and ws.request.path.split("?", 1)[0] == REALTIME_PATH
-        await self.serve_stream(RealtimeConnection(self, ws) if realtime else Connection(self, ws))
+        path = ws.request.path.split("?", 1)[0] if ws.request is not None else None
+        doors = {REALTIME_PATH: RealtimeConnection, LISTEN_PATH: DeepgramConnection}
+        await self.serve_stream(doors.get(path, Connection)(self, ws))
 
     async def serve_stream(self, connection: StreamConnection) -> None:
         """Run one stream (of either endpoint) to its end; a graceful shutdown waits for it to drain."""
