@@ -5,13 +5,17 @@ Both shapes of the settings are read (openai-python src/openai/types/realtime/ a
                                      "format": {"type": "audio/pcm", "rate": 24000},
                                      "transcription": {"model", "language", "languages", "prompt"},
                                      "turn_detection": {"type": "server_vad", "threshold",
-                                                        "prefix_padding_ms", "silence_duration_ms"} | null}}}}
+                                                        "prefix_padding_ms", "silence_duration_ms"}
+                                                     | {"type": "semantic_vad", "eagerness"} | null}}}}
     transcription_session.update  {"session": {"input_audio_format": "pcm16",
                                      "input_audio_transcription": {...}, "turn_detection": {...} | null}}
 Audio is little-endian PCM16 mono at 24 kHz (OpenAI's only rate) or at 16 kHz where a client says so
 (`rate: 16000`). server_vad is our VAD: `silence_duration_ms` -> end_silence, `prefix_padding_ms` ->
 pre_roll, and `threshold` (0-1, louder speech needed as it grows) -> webrtcvad's aggressiveness:
 below 0.15 -> 0, below 0.3 -> 1, below 0.5 -> 2, from 0.5 (OpenAI's default) -> 3 (ours).
+semantic_vad (openai-agents' voice pipeline sends it by default) is our VAD too: it hears silence, not
+meaning, so `eagerness` picks the end-of-turn silence (EAGERNESS_SILENCE_MS), with server_vad's defaults
+for the rest. Its other fields (`create_response`, `interrupt_response`) are about responses: ignored.
 """
 from __future__ import annotations
 
@@ -32,6 +36,14 @@ GA_UPDATE = "session.update"
 BETA_UPDATE = "transcription_session.update"
 PCM_TYPE = "audio/pcm"
 BETA_FORMATS = {"pcm16": DEFAULT_RATE}
+# semantic_vad's eagerness -> the silence that ends a turn. OpenAI's semantic model ends a turn as soon as
+# the words sound finished and waits at most 8 s / 4 s / 2 s (low / medium / high) when they do not; a
+# silence detector cannot tell, so each eagerness gets the silence a server_vad user would pick for it:
+# medium (and auto, which is medium) OpenAI's and our server_vad default, 0.5 s; high the shortest
+# that rarely splits a sentence at a pause, 0.3 s; low room for a pause to think, 1 s. Waiting the
+# maxima would hold every answer 2-8 s.
+EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
+DEFAULT_EAGERNESS = "auto"
 
 
 class EventError(Exception):
@@ -48,6 +60,7 @@ class TurnDetection:
     silence_duration_ms: int = 500  # OpenAI's default as ours (end_silence 0.5 s)
     prefix_padding_ms: int = 300  # OpenAI's default as ours (pre_roll 0.3 s)
     threshold: float = 0.5
+    eagerness: str | None = None  # semantic_vad's (its silence_duration_ms from EAGERNESS_SILENCE_MS); None: server_vad
 
 
 @dataclass(frozen=True)
@@ -106,11 +119,13 @@ def _object(data: dict[str, Any], key: str, param: str) -> dict[str, Any]:
 def _turn_detection(data: Any, param: str, current: TurnDetection | None) -> TurnDetection | None:
     if data is None:
         return None
-    if not isinstance(data, dict) or data.get("type", "server_vad") != "server_vad":
+    if not isinstance(data, dict) or data.get("type", "server_vad") not in ("server_vad", "semantic_vad"):
         kind = data.get("type") if isinstance(data, dict) else data
-        raise EventError(f"turn_detection type {kind!r} is not supported; use server_vad or null",
+        raise EventError(f"turn_detection type {kind!r} is not supported; use server_vad, semantic_vad or null",
                          param=param)
-    base = current or TurnDetection()
+    if data.get("type") == "semantic_vad":
+        return _semantic_vad(data, param, current)
+    base = current if current is not None and current.eagerness is None else TurnDetection()
     silence = _get(data, "silence_duration_ms", int, param)
     padding = _get(data, "prefix_padding_ms", int, param)
     threshold = _get(data, "threshold", (int, float), param)
@@ -123,6 +138,18 @@ def _turn_detection(data: Any, param: str, current: TurnDetection | None) -> Tur
     return TurnDetection(base.silence_duration_ms if silence is None else silence,
                          base.prefix_padding_ms if padding is None else padding,
                          base.threshold if threshold is None else float(threshold))
+
+
+def _semantic_vad(data: dict[str, Any], param: str, current: TurnDetection | None) -> TurnDetection:
+    """{"type": "semantic_vad", "eagerness"} -> our VAD with that eagerness's end silence (an absent
+    eagerness keeps the current one, as server_vad's absent fields do; `auto` to begin with)."""
+    eagerness = _get(data, "eagerness", str, param)
+    if eagerness is None:
+        eagerness = current.eagerness if current is not None and current.eagerness else DEFAULT_EAGERNESS
+    if eagerness not in EAGERNESS_SILENCE_MS:
+        raise EventError(f"eagerness must be one of {', '.join(EAGERNESS_SILENCE_MS)}, got {quoted(eagerness)}",
+                         param=f"{param}.eagerness")
+    return TurnDetection(silence_duration_ms=EAGERNESS_SILENCE_MS[eagerness], eagerness=eagerness)
 
 
 def _rate(fmt: Any, param: str) -> int:
@@ -193,9 +220,12 @@ def event(kind: str, **fields: Any) -> dict[str, Any]:
 def session_object(session_id: str, config: SessionConfig) -> dict[str, Any]:
     """The transcription session as the GA API describes it (RealtimeTranscriptionSessionCreateResponse)."""
     vad = config.turn_detection
-    turn_detection = None if vad is None else {
-        "type": "server_vad", "threshold": vad.threshold, "prefix_padding_ms": vad.prefix_padding_ms,
-        "silence_duration_ms": vad.silence_duration_ms}
+    turn_detection: dict[str, Any] | None = None
+    if vad is not None and vad.eagerness is not None:
+        turn_detection = {"type": "semantic_vad", "eagerness": vad.eagerness}
+    elif vad is not None:
+        turn_detection = {"type": "server_vad", "threshold": vad.threshold,
+                          "prefix_padding_ms": vad.prefix_padding_ms, "silence_duration_ms": vad.silence_duration_ms}
     transcription = {"model": config.model, "language": None if config.language == "auto" else config.language,
                      "prompt": config.prompt}
     return {"id": session_id, "object": "realtime.transcription_session", "type": "transcription",

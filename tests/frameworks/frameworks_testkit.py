@@ -1,4 +1,5 @@
-"""Helpers of the framework tests (test_pipecat.py, test_livekit.py): the held-out speech recording."""
+"""Helpers of the framework tests (test_pipecat.py, test_livekit.py, test_openai_agents.py): the held-out speech
+recording."""
 from __future__ import annotations
 
 import json

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.segmenter import SegmenterOptions
-from server.realtime_events import (EventError, SessionConfig, TurnDetection, apply_update, segmenter_options,
-                                    vad_mode)
+from server.realtime_events import (EAGERNESS_SILENCE_MS, EventError, SessionConfig, TurnDetection, apply_update,
+                                    segmenter_options, session_object, vad_mode)
 
 LANGUAGES = {"auto": 0, "en": 4, "zh": 3}
 
@@ -27,7 +27,11 @@ def test_ga_and_beta_updates_set_the_same_settings():
 @pytest.mark.parametrize("session, param", [
     ({"type": "realtime"}, "session.type"),
     ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}}, "session.audio.input.format.rate"),
-    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}, "session.audio.input.turn_detection"),
+    ({"audio": {"input": {"turn_detection": {"type": "near_field_vad"}}}}, "session.audio.input.turn_detection"),
+    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}},
+     "session.audio.input.turn_detection.eagerness"),
+    ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": 1}}}},
+     "session.audio.input.turn_detection.eagerness"),
     ({"audio": {"input": {"turn_detection": {"threshold": 2}}}}, "session.audio.input.turn_detection"),
     ({"audio": {"input": {"transcription": {"language": "fr"}}}}, "session.audio.input.transcription.language"),
     ({"audio": {"input": {"transcription": {"model": 7}}}}, "session.audio.input.transcription.model"),
@@ -60,6 +64,32 @@ def test_server_vad_maps_onto_our_segmenter():
     options = segmenter_options(base, SessionConfig(turn_detection=TurnDetection(100, 500, 0.2)))
     assert (options.end_silence, options.post_roll, options.pre_roll, options.vad_aggressiveness) == (0.1, 0.1, 0.5, 1)
     assert segmenter_options(base, SessionConfig(turn_detection=None)) == base
+
+
+def turn_detection(config: SessionConfig, data: dict | None) -> TurnDetection | None:
+    update = {"type": "session.update", "session": {"audio": {"input": {"turn_detection": data}}}}
+    return apply_update(config, update, LANGUAGES).turn_detection
+
+
+def test_semantic_vad_eagerness_is_our_end_silence():
+    """openai-agents' default turn detection, {"type": "semantic_vad"}: eagerness auto, as OpenAI's; each
+    eagerness picks the segmenter's end silence (low 1 s, medium and auto 0.5 s, high 0.3 s)."""
+    assert EAGERNESS_SILENCE_MS == {"low": 1000, "medium": 500, "auto": 500, "high": 300}
+    default = turn_detection(SessionConfig(), {"type": "semantic_vad", "create_response": True})
+    assert default == TurnDetection(500, 300, 0.5, "auto")
+    base = SegmenterOptions()
+    silences = {}
+    for eagerness in ("low", "medium", "high", "auto"):
+        vad = turn_detection(SessionConfig(), {"type": "semantic_vad", "eagerness": eagerness})
+        options = segmenter_options(base, SessionConfig(turn_detection=vad))
+        silences[eagerness] = options.end_silence
+        assert (options.pre_roll, options.vad_aggressiveness) == (0.3, 3)
+    assert silences == {"low": 1.0, "medium": 0.5, "high": 0.3, "auto": 0.5}
+    high = SessionConfig(turn_detection=TurnDetection(300, 300, 0.5, "high"))
+    assert turn_detection(high, {"type": "semantic_vad"}).eagerness == "high"  # absent: kept
+    assert turn_detection(high, {"type": "server_vad"}) == TurnDetection()  # back to server_vad's defaults
+    assert session_object("sess", high)["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad", "eagerness": "high"}
 
 
 def test_a_huge_language_is_cut_in_the_error():
