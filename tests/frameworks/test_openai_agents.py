@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soxr
 
-pytest.importorskip("agents.voice", reason="openai-agents[voice] is not installed (pip install -e '.[frameworks]')")
+pytest.importorskip("agents.voice", reason="openai-agents is not installed (.ci/run installs it: see there)")
 
 from agents.voice import (OpenAIVoiceModelProvider, StreamedAudioInput, VoicePipeline,  # noqa: E402
                           VoicePipelineConfig, VoiceWorkflowBase)
