@@ -3,9 +3,11 @@
 The graph (models/paraformer.py, exported by `python -m export paraformer`) already picks the decoder's
 best token per position; this module only turns ids into text and CIF peaks into times:
 
-    text   FunASR's sentence_postprocess: <s>, </s>, <unk> dropped; "xx@@" pieces join the next piece;
-           Chinese characters (and digits) are written without spaces, English words with one space
-           between them; runs of single letters ("a b c") become one upper-case abbreviation ("ABC").
+    text   FunASR's sentence_postprocess, ported line by line with its quirks (see `_join_pieces`): <s>,
+           </s>, <unk> dropped; "xx@@" pieces join the next English piece; Chinese characters (and
+           digits) are written without spaces, English words with one space between them; runs of single
+           letters ("a b c") become one upper-case abbreviation ("ABC"). Word times are its time list,
+           which pairs with the words by position. Checked against FunASR on 5000 generated sequences.
     times  FunASR's ts_prediction_lfr6_standard as Paraformer.inference calls it (upsample rate 1, the
            CIF peaks as its weights): the peaks are rescaled to sum to tokens + 1 and integrated again;
            each firing frame, shifted by -1.5 frames, starts a token and the next one ends it; a token
@@ -23,7 +25,7 @@ from .audio import OUTPUT_FRAME_SECONDS
 from .decoding import TokenTiming, Transcript
 
 
-DROPPED_TOKENS = frozenset({"<s>", "</s>", "<unk>", "<OOV>", "<blank>"})
+FILTERED_IDS = (0, 1, 2)  # Paraformer.inference drops blank_id, sos and eos (its defaults) before anything
 JOIN_MARK = "@@"  # a piece ending the text of a word that the next piece continues
 FIRE_THRESHOLD = 1.0 - 1e-4
 FORCE_TIME_SHIFT = -1.5  # frames
@@ -45,15 +47,6 @@ class ParaformerOutput:
         ids, logprobs, counts, alphas, peaks, peak_lengths = outputs
         count, frames = int(counts[row]), int(peak_lengths[row])
         return cls(ids[row, :count], logprobs[row, :count], alphas[row, :frames], peaks[row, :frames])
-
-
-def is_chinese(piece: str) -> bool:
-    """FunASR's isChinese over every character: CJK unified ideographs, ASCII digits and '@'."""
-    return bool(piece) and all("\u4e00" <= c <= "\u9fff" or "0" <= c <= "9" or c == "@" for c in piece)
-
-
-def is_alpha(piece: str) -> bool:
-    return bool(piece) and all((c.isalpha() and not is_chinese(c)) or c == "'" for c in piece)
 
 
 def cif_peaks(alphas: np.ndarray, threshold: float) -> np.ndarray:
@@ -106,76 +99,149 @@ def token_times_ms(alphas: np.ndarray, peaks: np.ndarray, count: int) -> list[tu
     return [(int(a * 1000), int(b * 1000)) for (a, b), token in zip(spans, is_token) if token]
 
 
-Item = tuple[str, int, int]  # (text, start ms, end ms); text " " is the space between two words
+# --- text: a line-by-line port of FunASR 1.4.16's funasr/utils/postprocess_utils.py ---------------------------
+# Its quirks are kept on purpose (the peer comparison in docs/benchmarks.md is against FunASR's output), and
+# tests/pipeline/test_paraformer_decoding.py checks every one against FunASR on thousands of random sequences.
+
+def _is_chinese(text: str) -> bool:
+    """FunASR's isChinese. It compares the whole string, not each character: on a piece such as "2024" or
+    "鎝ab" the comparison is lexicographic, so "0abc" counts as Chinese and "9a" does not."""
+    return "\u4e00" <= text <= "\u9fff" or "0" <= text <= "9" or text == "@"
 
 
-def _words(pieces: Sequence[str], times: Sequence[tuple[int, int]]) -> list[Item]:
-    """FunASR's sentence_postprocess (its mixed-script loop, which the pure cases agree with): words and
-    the spaces between them. A "xx@@" piece waits for the next alphabetic piece; its time starts the word.
-    Times follow FunASR's timestamp bookkeeping in the same loop."""
-    items: list[Item] = []
-    pending, begin, held_end = "", None, 0
-    for piece, (start, end) in zip(pieces, times):
-        if piece in DROPPED_TOKENS or not piece:
-            continue
-        if is_chinese(piece):
-            if items and items[-1][0] == " ":  # no space between an English word and a Chinese character
-                items.pop()
-            # After a "xx@@" piece FunASR gives the character that piece's time (its timestamp quirk).
-            items.append((piece, start, end) if begin is None else (piece, begin, held_end))
-            begin = None
+def _clean(text: str) -> str:
+    """isAllChinese and isAllAlpha look at each item less spaces and the specials, as substrings."""
+    for mark in (" ", "</s>", "<s>", "<unk>", "<OOV>"):
+        text = text.replace(mark, "")
+    return text
+
+
+def _all_chinese(items: Sequence[str]) -> bool:
+    """FunASR's isAllChinese: on the piece list it tests each piece, on one piece each of its characters."""
+    return bool(items) and all(_is_chinese(_clean(item)) for item in items)
+
+
+def _all_alpha(items: Sequence[str]) -> bool:
+    """FunASR's isAllAlpha: letters (any script but CJK) or the apostrophe alone. A "xx@@" piece is not."""
+    cleaned = [_clean(item) for item in items]
+    return bool(cleaned) and all((c.isalpha() or c == "'") and not (c.isalpha() and _is_chinese(c)) for c in cleaned)
+
+
+Span = tuple[int, int]  # milliseconds [start, end)
+
+
+def _join_pieces(pieces: list[str], times: Sequence[Span]) -> tuple[list[str], list[Span]]:
+    """sentence_postprocess's three branches: its word list (" " after each English word) and its time list.
+
+    The time list is not one entry per word; FunASR pairs them by position all the same (see postprocess)."""
+    def time(i: int) -> Span | None:  # FunASR assumes a time for every piece and would raise IndexError
+        return tuple(times[i]) if i < len(times) else None
+
+    if _all_chinese(pieces):  # every piece a word; the token times as they came, <unk>'s included
+        return [p.replace(" ", "") for p in pieces], list(times)
+    words: list[str] = []
+    spans: list[Span] = []
+    if _all_alpha(pieces):  # every piece an English word with its own time
+        for i, piece in enumerate(pieces):
+            words += [piece, " "]
+            if time(i) is not None:
+                spans.append(time(i))
+        return words, spans
+    # Mixed: "xx@@" pieces gather in `pending` until an English piece ends the word. Quirks, all FunASR's:
+    # - a Chinese piece removes the last item if the last *word* piece was English, even when punctuation
+    #   came after it ("hello" "," "你" -> "hello你": the comma is popped, not the space);
+    # - only an English piece clears `alpha_blank`'s space rule and takes `pending`; after "xx@@" pieces a
+    #   Chinese piece keeps the space before them ("yugolo" "tiel@@" "蕱" "ab" -> "yugolo 蕱tielab"), and
+    #   `pending` is lost when no English piece follows ("kj@@" "2024" -> "2024");
+    # - a Chinese piece after "xx@@" pieces gets their time (first start, last end), and the word they
+    #   start later gets only its last piece's time;
+    # - punctuation and other pieces get no time at all, so every later word takes the next one's.
+    pending, alpha_blank, fresh = "", False, True  # fresh: FunASR's ts_flag, read this piece's time
+    begin, end = -1, -1
+    for i, piece in enumerate(pieces):
+        if fresh and time(i) is not None:
+            begin, end = time(i)
+        if _all_chinese(piece):
+            if alpha_blank:
+                words.pop()
+            words.append(piece)
+            alpha_blank, fresh = False, True
+            spans.append((begin, end))
         elif JOIN_MARK in piece:
             pending += piece.replace(JOIN_MARK, "")
-            begin, held_end = (start if begin is None else begin), end
-        elif is_alpha(piece):
-            items += [(pending + piece, start if begin is None else begin, end), (" ", end, end)]
-            pending, begin = "", None
-        else:  # punctuation and other scripts: as they are, with their own time
-            items.append((piece, start, end))
-    return _abbreviations(items)
-
-
-def _abbreviations(items: list[Item]) -> list[Item]:
-    """FunASR's abbr_dispose: single ASCII letters separated by spaces become one upper-case word."""
-    def letter(i: int) -> bool:
-        return 0 <= i < len(items) and len(items[i][0]) == 1 and items[i][0].isascii() and items[i][0].isalpha()
-
-    out: list[Item] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while letter(j) and j + 2 < len(items) and items[j + 1][0] == " " and letter(j + 2):
-            j += 2
-        if j > i:
-            text = "".join(items[k][0] for k in range(i, j + 1, 2)).upper()
-            out.append((text, items[i][1], items[j][2]))
-            i = j + 1
+            alpha_blank, fresh = False, False
+            end = time(i)[1] if time(i) is not None else end
+        elif _all_alpha(piece):
+            words += [pending + piece, " "]
+            pending, alpha_blank, fresh = "", True, True
+            end = time(i)[1] if time(i) is not None else end
+            spans.append((begin, end))
         else:
-            out.append(items[i])
-            i += 1
-    return out
+            words.append(piece)
+    return words, spans
+
+
+def _is_letter(item: str) -> bool:
+    """abbr_dispose's test, `len(w) == 1 and w.encode('utf-8').isalpha()`: one ASCII letter."""
+    return len(item) == 1 and item.isascii() and item.isalpha()
+
+
+def _abbreviations(words: list[str], spans: list[Span]) -> tuple[list[str], list[Span]]:
+    """FunASR's abbr_dispose: runs of single letters with spaces between ("a b c") become one upper-case
+    word ("ABC"). Times are looked up by the count of non-space items before each word, whether or not
+    the time list has one entry per word (FunASR skips the time of a word past its end)."""
+    out, out_spans = [], []
+    index = 0  # FunASR's ts_nums[num]: non-space items before this one
+    i = 0
+    while i < len(words):
+        j = i
+        while _is_letter(words[j]) and j + 2 < len(words) and words[j + 1] == " " and _is_letter(words[j + 2]):
+            j += 2
+        if j > i:  # letters i, i + 2, ..., j: their first start and last end
+            out.append("".join(words[k] for k in range(i, j + 1, 2)).upper())
+            last = index + (j - i) // 2
+            if last < len(spans):  # (FunASR raises IndexError when its start is missing too)
+                out_spans.append((spans[index][0], spans[last][1]))
+            index, i = last + 1, j + 1
+            continue
+        out.append(words[i])
+        if words[i] != " ":
+            if index < len(spans):
+                out_spans.append(spans[index])
+            index += 1
+        i += 1
+    return out, out_spans
+
+
+def postprocess(pieces: Sequence[str], times: Sequence[Span]) -> tuple[list[str], list[Span]]:
+    """FunASR's sentence_postprocess: the text's items (words, and " " before an English word that follows
+    one, so "".join is FunASR's text) and FunASR's time list, which pairs with the words by position and can
+    be shorter than them. `times` are the token times of `pieces`, specials included."""
+    kept = [p for p in pieces if p not in ("<s>", "</s>", "<unk>", "<OOV>")]  # times keep their indexes
+    words, spans = _abbreviations(*_join_pieces(kept, times))
+    while words and words[-1] == " ":  # FunASR strips the text; its text has no " " item first
+        words.pop()
+    items = [(" " + w if prev == " " else w) for prev, w in zip([""] + words, words) if w != " "]
+    return items, spans
 
 
 def decode_paraformer(output: ParaformerOutput, tokens: Sequence[str], offset: float = 0.0) -> Transcript:
     """Text, tokens (the words with the spaces of the text, so "".join is the text) and words, with times
     in seconds from `offset`, the time of the clip's first sample."""
-    ids = output.token_ids.tolist()
+    ids = [i for i in output.token_ids.tolist() if i not in FILTERED_IDS]
     pieces = [tokens[i] if 0 <= i < len(tokens) else "<unk>" for i in ids]
-    kept = [p for p in pieces if p not in DROPPED_TOKENS]
-    times = token_times_ms(output.alphas, output.peaks, len(kept))
-    times = times + [times[-1] if times else (0, 0)] * (len(kept) - len(times))
+    # ts_prediction_lfr6_standard times every piece but a last "</s>"; <unk> has a time it never shows.
+    count = len(pieces) - (bool(pieces) and pieces[-1] == "</s>")
+    items, spans = postprocess(pieces, token_times_ms(output.alphas, output.peaks, count))
     timed: list[TokenTiming] = []
-    space = ""
-    for text, start, end in _words(kept, times):
-        if text == " ":
-            space = " "
-            continue
+    previous_end = 0
+    for k, text in enumerate(items):
+        # A word past the end of FunASR's time list (punctuation took none) starts where the last one ended.
+        start, end = spans[k] if k < len(spans) else (previous_end, previous_end)
         # FunASR's -1.5 frame shift can put the first token before the clip; it starts at the clip instead.
         start, end = max(start, 0), max(end, 0)
-        timed.append(TokenTiming(space + text, round(offset + start / 1000, 6), round(offset + end / 1000, 6)))
-        space = ""
-    if timed:
-        timed[0] = TokenTiming(timed[0].text.lstrip(), timed[0].start, timed[0].end)
+        previous_end = end
+        timed.append(TokenTiming(text, round(offset + start / 1000, 6), round(offset + end / 1000, 6)))
     text = "".join(t.text for t in timed)
     words = tuple(TokenTiming(t.text.strip(), t.start, t.end) for t in timed)
     return Transcript(text=text, tokens=tuple(timed), words=words)

@@ -1,9 +1,16 @@
 """Paraformer decoding: FunASR's text rules and token times, on hand-made graph outputs (no model)."""
 from __future__ import annotations
 
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+
 import numpy as np
 
-from pipeline.paraformer_decoding import ParaformerOutput, cif_peaks, decode_paraformer, token_times_ms
+from pipeline.paraformer_decoding import ParaformerOutput, cif_peaks, decode_paraformer, postprocess, token_times_ms
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer" / "text_cases.json.gz"
 
 TOKENS = ["<blank>", "<s>", "</s>", "你", "好", "世", "界", "hello", "wor@@", "ld", "a", "b", "c", "2024", "，", "<unk>"]
 
@@ -55,3 +62,37 @@ def test_long_gap_is_cut_to_twelve_frames():
     assert len(times) == 2
     (s0, e0), (s1, e1) = times
     assert e0 - s0 <= 720 and s1 >= e0 + 1000  # the silence between them belongs to neither
+
+
+@cache
+def funasr_cases() -> dict:
+    """FunASR's own outputs on seeded random inputs (tests/fixtures/make_paraformer_text_fixture.py)."""
+    return json.loads(gzip.decompress(FIXTURE.read_bytes()))
+
+
+def test_issue_37_space_kept_after_an_english_word_when_a_character_cuts_the_pieces():
+    items, spans = postprocess(["yugolo", "tiel@@", "蕱", "ab"], [(0, 7), (10, 17), (20, 27), (30, 37)])
+    assert "".join(items) == "yugolo 蕱tielab"  # FunASR's sentence_postprocess, quirk included
+    assert spans == [(0, 7), (10, 17), (30, 37)]  # 蕱 takes tiel@@'s time, "tielab" only ab's
+
+
+def test_text_and_word_times_match_funasr_on_every_generated_case():
+    cases = funasr_cases()["text_cases"]
+    assert len(cases) >= 5000
+    for case in cases:
+        tokens = case["tokens"]
+        items, spans = postprocess(tokens, [(10 * i, 10 * i + 7) for i in range(len(tokens))])
+        assert ("".join(items), [w.strip() for w in items]) == (case["text"], case["words"]), tokens
+        if case["word_times"] is not None:  # None: FunASR itself raised IndexError on this one
+            assert [list(s) for s in spans] == case["word_times"], tokens
+
+
+def test_token_times_match_funasr_on_every_generated_case():
+    fixture = funasr_cases()
+    for case in fixture["time_cases"]:
+        alphas = np.array(case["alpha_units"], np.float32) / np.float32(fixture["alpha_unit"])
+        tokens = case["tokens"]
+        count = len(tokens) - (bool(tokens) and tokens[-1] == "</s>")
+        times = token_times_ms(alphas, cif_peaks(alphas, 1.0 - 1e-4), count)
+        expected = case["times"] if case["times"] is not None else []  # None: FunASR raised IndexError
+        assert [list(t) for t in times] == expected, case
