@@ -107,9 +107,15 @@ async def test_funasr_hotwords(serve_test_server, blend):
                                   "is_speaking": True, "hotwords": hotwords}))
         await ws.send(pcm16(blend))
         await ws.send(json.dumps({"is_speaking": False}))
-        while not (message := json.loads(await ws.recv())).get("is_final"):
-            pass
-        return message["text"]
+        # Each segment's result, then is_final on the last message of the input: that is the segment's own
+        # when it is still decoding at is_speaking false, else an empty end message (a fast worker had
+        # already sent the segment's result: the VAD ended it in the trailing silence).
+        texts = []
+        while True:
+            message = json.loads(await ws.recv())
+            texts.append(message.get("text", ""))
+            if message.get("is_final"):
+                return " ".join(text for text in texts if text)
 
     async with serve_test_server(DEMO_MODEL, funasr_port=0) as url:
         port = f"ws://127.0.0.1:{url.server.funasr_port}/"
