@@ -32,7 +32,7 @@ from .audio_file import BLOCK_SECONDS, open_audio
 from .deepgram_audio import PcmDecoder
 from .deepgram_shapes import (LISTEN_PATH, TOKEN_SUBPROTOCOL, DeepgramError, ListenOptions, Utterance, parse_listen_query,
                               prerecorded_body, response_metadata, sha256_hex)
-from .http import client_address, json_response, note_client_address, token_matches
+from .http import client_address, json_response, note_client_address, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_http import JOB_TIMEOUT, MAX_UPLOAD_BYTES, FileTranscription
 from .openai_shapes import ApiError
@@ -65,15 +65,10 @@ def authorize(app: Server, connection: ServerConnection, headers: Headers, query
     """The --token policy in Deepgram's words: DeepgramError 401 (wrong or missing key) or 429 (cooldown)."""
     if app.config.token is None:
         return
-    address = client_address(connection)
-    wait = app.auth_failures.blocked(address)
-    if wait:
-        app.metrics.sessions_refused.labels("auth_cooldown").inc()
-        raise DeepgramError(429, f"too many failed authentications; retry in {wait:.0f} s", "TOO_MANY_REQUESTS")
-    if not token_matches(app.config.token, handshake_key(headers, query)):
-        app.auth_failures.record(address)
-        app.metrics.sessions_refused.labels("unauthorized").inc()
-        log.warning("refused a deepgram stream from %s: wrong or missing key (HTTP 401)", address)
+    refused = token_refusal(app, connection, handshake_key(headers, query), "a deepgram request")
+    if refused is not None and refused[0] == 429:
+        raise DeepgramError(429, f"too many failed authentications; retry in {refused[1]:.0f} s", "TOO_MANY_REQUESTS")
+    if refused is not None:
         raise DeepgramError(401, "Invalid credentials: send the server's --token as the API key "
                             "(Authorization: Token KEY)", "INVALID_AUTH")
 

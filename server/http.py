@@ -111,24 +111,38 @@ def note_client_address(app: Server, connection: ServerConnection, headers: Head
             str(peer[0]) if peer else "unknown", headers.get_all(FORWARDED_FOR), app.trusted_proxies)
 
 
+def token_refusal(app: Server, connection: ServerConnection, given: str | None, what: str,
+                  missing_ok: bool = False) -> tuple[int, float] | None:
+    """The --token policy's verdict on `given` (None: none was sent), one place for every door: (429,
+    seconds to wait) while the client's address is in its cooldown, (401, 0) for a wrong or missing token
+    (recorded against the address, server/access.py), None to go on. Each door words the refusal in its
+    own protocol; `what` names the request in the log line (never the token itself)."""
+    address = client_address(connection)
+    wait = app.auth_failures.blocked(address)
+    if wait:  # too many failed token checks from this address: no more guesses for a while
+        app.metrics.sessions_refused.labels("auth_cooldown").inc()
+        return 429, wait
+    if (given is not None or not missing_ok) and not token_matches(app.config.token, given):
+        app.auth_failures.record(address)
+        app.metrics.sessions_refused.labels("unauthorized").inc()
+        log.warning("refused %s from %s: %s token (HTTP 401)", what, address, "wrong" if given else "no")
+        return 401, 0.0
+    return None
+
+
 def check_handshake_token(app: Server, connection: ServerConnection, request: Request, what: str) -> Response | None:
     """The token policy of a stream handshake (`what`: "a stream", for the log): an HTTP error response
     for an address in its cooldown or a wrong token, else None (the handshake goes on). A handshake
     without a token is allowed (browsers cannot set headers): the first message may carry it."""
     if app.config.token is None:
         return None
-    address = client_address(connection)
-    wait = app.auth_failures.blocked(address)
-    if wait:  # too many failed token checks from this address: no more guesses for a while
-        app.metrics.sessions_refused.labels("auth_cooldown").inc()
-        refused = response(429, f"too many failed authentications; retry in {wait:.0f} s\n")
-        refused.headers["Retry-After"] = str(max(1, round(wait)))
-        return refused
     given = request_token(request)
-    if given is not None and not token_matches(app.config.token, given):
-        app.auth_failures.record(address)
-        app.metrics.sessions_refused.labels("unauthorized").inc()
-        log.warning("refused %s from %s: wrong token (HTTP 401)", what, address)  # never the token itself
+    refused = token_refusal(app, connection, given, what, missing_ok=True)
+    if refused is not None and refused[0] == 429:
+        answer = response(429, f"too many failed authentications; retry in {refused[1]:.0f} s\n")
+        answer.headers["Retry-After"] = str(max(1, round(refused[1])))
+        return answer
+    if refused is not None:
         return response(401, "unauthorized: wrong token\n")
     connection.authenticated = given is not None  # type: ignore[attr-defined]
     return None

@@ -28,7 +28,7 @@ from pipeline.stream import StreamSession
 from pipeline.trim import Continuation, for_model
 
 from .audio_file import audio_blocks, open_audio
-from .http import client_address, json_response, note_client_address, request_token, token_matches
+from .http import client_address, json_response, note_client_address, request_token, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
@@ -64,14 +64,10 @@ def authorize(app: Server, connection: ServerConnection, request: Request) -> No
     or wrong token is 401, an address in its cooldown 429 (server/access.py)."""
     if app.config.token is None:
         return
-    address = client_address(connection)
-    wait = app.auth_failures.blocked(address)
-    if wait:
-        app.metrics.sessions_refused.labels("auth_cooldown").inc()
-        raise ApiError(429, f"too many failed authentications; retry in {wait:.0f} s", code="rate_limit_exceeded")
-    if not token_matches(app.config.token, request_token(request)):
-        app.auth_failures.record(address)
-        app.metrics.sessions_refused.labels("unauthorized").inc()
+    refused = token_refusal(app, connection, request_token(request), "an API request")
+    if refused is not None and refused[0] == 429:
+        raise ApiError(429, f"too many failed authentications; retry in {refused[1]:.0f} s", code="rate_limit_exceeded")
+    if refused is not None:
         raise ApiError(401, "Incorrect API key provided (send the server's --token as the API key)",
                        code="invalid_api_key")
 
