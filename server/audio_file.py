@@ -9,7 +9,7 @@ samples as resampling the whole file at once.
 from __future__ import annotations
 
 import io
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import soxr
@@ -35,15 +35,27 @@ def open_audio(data: bytes, name: str) -> Any:
     return file
 
 
-def audio_blocks(file: Any, name: str, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
-    """An open_audio() file -> float32 [n] blocks in [-1, 1] at SAMPLE_RATE (channels averaged), `seconds`
-    of the file at a time; AudioFormatError at a NaN or infinite sample."""
-    rate = file.samplerate
-    stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+def file_blocks(file: Any, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
+    """An open_audio() file -> float32 [frames, channels] blocks of `seconds` at its own rate, the last empty."""
     while True:
-        block = file.read(max(1, int(seconds * rate)), dtype="float32", always_2d=True)
-        mono = block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+        block = file.read(max(1, int(seconds * file.samplerate)), dtype="float32", always_2d=True)
+        yield block
+        if len(block) == 0:
+            return
+
+
+def mono_blocks(rate: int, blocks: Iterable[np.ndarray], channel: int | None = None,
+                name: str | None = None) -> Iterator[np.ndarray]:
+    """float32 [frames, channels] blocks at `rate`, the last one empty (file_blocks) -> float32 [n] blocks in
+    [-1, 1] at SAMPLE_RATE: `channel` alone, or every channel averaged. AudioFormatError at a NaN or infinite
+    sample, naming the `name` file when there is one."""
+    stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+    for block in blocks:
+        mono = (block[:, channel] if channel is not None else
+                block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0])
         if not np.isfinite(mono).all():
+            if name is None:
+                raise AudioFormatError("the audio contains NaN or infinite samples")
             raise AudioFormatError(f"The {name} file contains NaN or infinite samples.", wav_format=name)
         last = len(block) == 0
         if stream is not None:
@@ -52,6 +64,12 @@ def audio_blocks(file: Any, name: str, seconds: float = BLOCK_SECONDS) -> Iterat
             yield np.clip(mono, -1.0, 1.0)
         if last:
             return
+
+
+def audio_blocks(file: Any, name: str, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
+    """An open_audio() file -> float32 [n] blocks in [-1, 1] at SAMPLE_RATE (channels averaged), `seconds`
+    of the file at a time; AudioFormatError at a NaN or infinite sample."""
+    return mono_blocks(file.samplerate, file_blocks(file, seconds), name=name)
 
 
 def decode_file(data: bytes, name: str) -> np.ndarray:

@@ -11,6 +11,8 @@ names (a server-side request forgery). Errors are Deepgram's error body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -20,7 +22,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import h11
 import numpy as np
-import soxr
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
@@ -28,13 +29,13 @@ from websockets.http11 import Request, Response
 from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError
 
-from .audio_file import BLOCK_SECONDS, open_audio
+from .audio_file import BLOCK_SECONDS, file_blocks, mono_blocks, open_audio
 from .deepgram_audio import PcmDecoder
 from .deepgram_shapes import (LISTEN_PATH, TOKEN_SUBPROTOCOL, DeepgramError, ListenOptions, Utterance, parse_listen_query,
                               prerecorded_body, response_metadata, sha256_hex)
 from .http import client_address, json_response, note_client_address, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
-from .openai_http import JOB_TIMEOUT, MAX_UPLOAD_BYTES, FileTranscription
+from .openai_http import MAX_UPLOAD_BYTES, FileTranscription
 from .openai_shapes import ApiError
 
 if TYPE_CHECKING:
@@ -224,31 +225,14 @@ class DeepgramFile(FileTranscription):
 
     def _blocks(self, body: bytes, channel: int) -> Iterator[np.ndarray]:
         """One channel (or, without multichannel, all averaged) as float32 blocks at SAMPLE_RATE."""
-        rate, raw = self._raw_blocks(body)
-        stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
-        for block in raw:
-            last = len(block) == 0
-            mono = block[:, channel] if self.options.multichannel else block.mean(axis=1, dtype=np.float32)
-            if not np.isfinite(mono).all():
-                raise AudioFormatError("the audio contains NaN or infinite samples")
-            if stream is not None:
-                mono = stream.resample_chunk(np.ascontiguousarray(mono), last=last)
-            if len(mono):
-                yield np.clip(mono, -1.0, 1.0)
-            if last:
-                return
+        rate, raw = self._raw_blocks(body)  # lazily: FileTranscription reads the blocks in a thread
+        yield from mono_blocks(rate, raw, channel if self.options.multichannel else None)
 
     def _raw_blocks(self, body: bytes) -> tuple[int, Iterator[np.ndarray]]:
         """The body's rate and its float32 [frames, channels] blocks at that rate, the last one empty."""
         if self.options.encoding is None:
             file = open_audio(body, "audio")
-
-            def read() -> Iterator[np.ndarray]:
-                while len(block := file.read(BLOCK_SECONDS * file.samplerate, dtype="float32", always_2d=True)):
-                    yield block
-                yield block
-
-            return file.samplerate, read()
+            return file.samplerate, file_blocks(file)
         rate = self.options.sample_rate or SAMPLE_RATE
         decoder = PcmDecoder(self.options.encoding, self.options.channels)
         step = BLOCK_SECONDS * rate * decoder.frame_bytes
@@ -257,26 +241,14 @@ class DeepgramFile(FileTranscription):
 
     async def _channel(self, blocks: Iterator[np.ndarray], channel: int) -> list[Utterance]:
         """One channel's segments through the worker, in order."""
-        pending: asyncio.Queue[Any] = asyncio.Queue()
-        producer = asyncio.ensure_future(self._submit_segments(blocks, self.options.language, pending))
+        unavailable = functools.partial(DeepgramError, 503, code="SERVICE_UNAVAILABLE")
         out = []
         try:
-            while (future := await pending.get()) is not None:
-                try:
-                    final, words = await asyncio.wait_for(future, JOB_TIMEOUT)
-                except asyncio.TimeoutError:
-                    raise DeepgramError(503, f"no result from the model within {JOB_TIMEOUT:g} s; retry later",
-                                        "SERVICE_UNAVAILABLE") from None
-                self._slots.release()
-                out.append(Utterance(channel, final.start, final.end, final.text, tuple(words)))
-            await producer
+            async with contextlib.aclosing(self.segment_results(blocks, self.options.language, unavailable)) as results:
+                async for final, words in results:
+                    out.append(Utterance(channel, final.start, final.end, final.text, tuple(words)))
         except AudioFormatError as exc:
             raise DeepgramError(400, f"failed to process audio: {exc}") from None
-        finally:
-            producer.cancel()
-            while not pending.empty():
-                if (left := pending.get_nowait()) is not None:
-                    left.cancel()
         return out
 
 

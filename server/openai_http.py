@@ -11,11 +11,13 @@ server/http_body.py. Errors are OpenAI's error object with the status its client
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator
 
 import h11
 from websockets.asyncio.server import ServerConnection
@@ -193,18 +195,11 @@ class FileTranscription:
     async def _transcribe(self, form: TranscriptionForm, audio: Any, language: str) -> None:
         """`audio`: the open_audio() file, decoded FEED_SECONDS at a time as the segmenter takes it."""
         blocks = audio_blocks(audio, form.filename, FEED_SECONDS)
-        pending: asyncio.Queue[asyncio.Future[Segment] | None] = asyncio.Queue()
-        producer = asyncio.ensure_future(self._submit_segments(blocks, language, pending))
         finals: list[Final] = []
         words: list[TokenTime] = []
-        try:
-            while (future := await pending.get()) is not None:
-                try:
-                    final, final_words = await asyncio.wait_for(future, JOB_TIMEOUT)
-                except asyncio.TimeoutError:
-                    raise ApiError(503, f"no result from the model within {JOB_TIMEOUT:g} s; retry later",
-                                   type="server_error", code="overloaded") from None
-                self._slots.release()
+        overloaded = functools.partial(ApiError, 503, type="server_error", code="overloaded")
+        async with contextlib.aclosing(self.segment_results(blocks, language, overloaded)) as results:
+            async for final, final_words in results:
                 before = full_text(finals)
                 finals.append(final)
                 words += final_words
@@ -212,12 +207,6 @@ class FileTranscription:
                     if not before:  # the first text: the event stream begins
                         await self._start_events()
                     await self.exchange.send_part(delta_event(full_text(finals)[len(before):]))
-            await producer  # its error, if any
-        finally:
-            producer.cancel()
-            while not pending.empty():  # segments after a failure: their results would go unread
-                if (left := pending.get_nowait()) is not None:
-                    left.cancel()
         if not self._samples:  # a header promising frames that are not there
             raise invalid_file(AudioFormatError(f"The {form.filename} file contains no samples."))
         duration = self._samples / SAMPLE_RATE
@@ -233,6 +222,29 @@ class FileTranscription:
 
     async def _start_events(self) -> None:
         await self.exchange.start_stream(200, "text/event-stream; charset=utf-8")
+
+    async def segment_results(self, blocks: Iterator[Any], language: str,
+                              timed_out: Callable[[str], Exception]) -> AsyncIterator[Segment]:
+        """Each segment's (final, words), in order, as the worker delivers them, while the blocks are segmented
+        and submitted (_submit_segments); `timed_out(message)` is raised when one takes longer than
+        JOB_TIMEOUT, the producer's own error after the last. Run it under contextlib.aclosing: leaving early
+        cancels the segments still queued (after a failure their results would go unread)."""
+        pending: asyncio.Queue[asyncio.Future[Segment] | None] = asyncio.Queue()
+        producer = asyncio.ensure_future(self._submit_segments(blocks, language, pending))
+        try:
+            while (future := await pending.get()) is not None:
+                try:
+                    result = await asyncio.wait_for(future, JOB_TIMEOUT)
+                except asyncio.TimeoutError:
+                    raise timed_out(f"no result from the model within {JOB_TIMEOUT:g} s; retry later") from None
+                self._slots.release()
+                yield result
+            await producer  # its error, if any
+        finally:
+            producer.cancel()
+            while not pending.empty():
+                if (left := pending.get_nowait()) is not None:
+                    left.cancel()
 
     async def _submit_segments(self, blocks: Iterator[Any], language: str, pending: asyncio.Queue[Any]) -> None:
         """Decode and segment the upload block by block (off the loop) and submit each segment,
