@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from bench.serverproc import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN_PATH = ("/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")  # a Debian root's PATH
@@ -50,12 +51,6 @@ def test_ci_run_makes_its_own_venv_with_python3() -> None:
     bare = [line.strip() for line in code if re.search(r"(^|[;&|(]|\bexec)\s*(python|pip)\s", line)]  # as a command
     assert bare == [], bare  # only "$python" (the venv's) and python3 (to make the venv)
     assert "/.venv/" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def readiness(url: str) -> tuple[int, dict]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.serverproc import free_port
 from pipeline.planner import read_cost_tables
 from pipeline.shapes import DEFAULT_CPU_CONTAINERS
 from server.config import ServerConfig, cost_tables
@@ -41,12 +41,6 @@ async def bench_async(*args: str, timeout: float = 300) -> tuple[int, dict | Non
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     lines = out.decode().strip().splitlines()
     return process.returncode, json.loads(lines[-1]) if lines else None, err.decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_model_bench_reports_every_policy(tiny_model_dir: Path, tmp_path: Path) -> None:

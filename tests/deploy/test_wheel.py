@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.serverproc import free_port
 from unipad_asr import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +71,6 @@ def clean_env(venv: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(PATH=os.pathsep.join([str(venv / "bin"), "/usr/bin", "/bin"]), VIRTUAL_ENV=str(venv))
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(port: int, server: subprocess.Popen) -> None:
