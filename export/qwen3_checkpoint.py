@@ -4,12 +4,16 @@
     model.safetensors        the weights (bf16), keys `thinker.audio_tower.*`, `thinker.model.*`,
                              `thinker.lm_head.weight`; or model.safetensors.index.json and its shards
     vocab.json               the byte-level BPE vocabulary (token text -> id)
-    tokenizer_config.json    added_tokens_decoder: the special tokens (<|im_start|>, <|audio_pad|>, <asr_text>, ...)
+    merges.txt               the BPE merges: copied into the model directory, to encode a context
+                             (hotwords) for the prompt (pipeline/qwen3_bpe.py); without it the export
+                             serves, but takes no hotwords
+    tokenizer_config.json    added_tokens_decoder: the added tokens (<|im_start|>, <|audio_pad|>, <asr_text>, ...),
+                             each "special" or not
 tokens.txt gets one line per id of the model's vocabulary (ids no tokenizer file names: "<|unused{id}|>").
 The prompt's ids (the chat template around the audio) are looked up by their text, so a checkpoint whose
-tokenizer numbers them differently still gets the right prompt; a missing one is a ValueError.
-merges.txt is not needed: serving only turns ids into text, and the forced-language prompts are whole
-tokens looked up by text (forced_languages).
+tokenizer numbers them differently still gets the right prompt; a missing one is a ValueError. The
+manifest also records the added ids and the ids the reference writes as nothing (special_ids: its
+special tokens and the nameless ids; it decodes with skip_special_tokens).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import torch
 from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
 
 CONFIG_FILE, VOCAB_FILE, TOKENIZER_CONFIG_FILE = "config.json", "vocab.json", "tokenizer_config.json"
+MERGES_FILE = "merges.txt"
 WEIGHTS_FILE, WEIGHTS_INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # The chat template (models/qwen3_asr.py PromptTokens) by token text; "Ċ" is byte-level BPE's "\n".
 PROMPT_PREFIX = ("<|im_start|>", "system", "Ċ", "<|im_end|>", "Ċ", "<|im_start|>", "user", "Ċ", "<|audio_start|>")
@@ -38,12 +43,26 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: unreadable ({exc})") from None
 
 
+def read_added_tokens(directory: Path) -> dict[int, tuple[str, bool]]:
+    """tokenizer_config.json's added tokens: id -> (text, special)."""
+    added = read_json(directory / TOKENIZER_CONFIG_FILE).get("added_tokens_decoder", {})
+    return {int(i): (entry["content"], bool(entry.get("special", False))) for i, entry in added.items()}
+
+
 def read_vocabulary(directory: Path) -> dict[str, int]:
     """Token text -> id: vocab.json plus the added tokens of tokenizer_config.json."""
     vocab = dict(read_json(directory / VOCAB_FILE))
-    added = read_json(directory / TOKENIZER_CONFIG_FILE).get("added_tokens_decoder", {})
-    vocab.update({entry["content"]: int(i) for i, entry in added.items()})
+    vocab.update({text: i for i, (text, _) in read_added_tokens(directory).items()})
     return vocab
+
+
+def tokenizer_ids(vocab: dict[str, int], added: dict[int, tuple[str, bool]], size: int) -> dict[str, list[int]]:
+    """The added ids, and the ids the reference writes as nothing: its special added tokens and the ids of the
+    model's vocabulary that no tokenizer file names (its decode skips those too)."""
+    named = set(vocab.values()) | set(added)
+    nameless = [i for i in range(size) if i not in named]
+    return {"added_ids": sorted(added), "special_ids": sorted([i for i, (_, special) in added.items() if special]
+                                                              + nameless)}
 
 
 def token_list(vocab: dict[str, int], size: int) -> list[str]:
@@ -107,7 +126,9 @@ def checkpoint_model(directory: Path):
     text = dict(thinker["text_config"])
     # A checkpoint without an lm_head tensor ties it to the embedding; with one, it is loaded as given.
     text["tie_word_embeddings"] = "thinker.lm_head.weight" not in state
-    dims = Qwen3ASRDimensions.from_dict({"audio": thinker["audio_config"], "text": text, "prompt": prompt_ids(vocab)})
+    size = int(text.get("vocab_size", Qwen3ASRDimensions().text.vocab_size))
+    prompt = prompt_ids(vocab) | tokenizer_ids(vocab, read_added_tokens(directory), size)
+    dims = Qwen3ASRDimensions.from_dict({"audio": thinker["audio_config"], "text": text, "prompt": prompt})
     model = Qwen3ASR(dims).eval()
     try:
         load_qwen3_state(model, state)
