@@ -31,6 +31,7 @@ from torch import nn
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelManifest
+from pipeline.qwen3_bpe import MERGES_FILE
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
@@ -222,7 +223,7 @@ def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], n
                       context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> Path:
     """A released checkpoint directory to the model directory `out` (written atomically), its merges.txt
     copied when it has one; the exporter contract of pipeline/catalog.py, which `python -m export pull` calls."""
-    from .qwen3_checkpoint import MERGES_FILE, checkpoint_model
+    from .qwen3_checkpoint import checkpoint_model
 
     model, tokens = checkpoint_model(Path(directory))
     merges = Path(directory) / MERGES_FILE

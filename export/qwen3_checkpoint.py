@@ -5,8 +5,9 @@
                              `thinker.lm_head.weight`; or model.safetensors.index.json and its shards
     vocab.json               the byte-level BPE vocabulary (token text -> id)
     merges.txt               the BPE merges: copied into the model directory, to encode a context
-                             (hotwords) for the prompt (pipeline/qwen3_bpe.py); without it the export
-                             serves, but takes no hotwords
+                             (hotwords) for the prompt (pipeline/qwen3_bpe.py), and here each language's
+                             forced prompt; without it the export serves, takes no hotwords, and forces
+                             only the languages whose name is one token
     tokenizer_config.json    added_tokens_decoder: the added tokens (<|im_start|>, <|audio_pad|>, <asr_text>, ...),
                              each "special" or not
 tokens.txt gets one line per id of the model's vocabulary (ids no tokenizer file names: "<|unused{id}|>").
@@ -22,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from pipeline.qwen3_bpe import MERGES_FILE, Qwen3Tokenizer, read_merges
 from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
 
 CONFIG_FILE, VOCAB_FILE, TOKENIZER_CONFIG_FILE = "config.json", "vocab.json", "tokenizer_config.json"
-MERGES_FILE = "merges.txt"
 WEIGHTS_FILE, WEIGHTS_INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # The chat template (models/qwen3_asr.py PromptTokens) by token text; "Ċ" is byte-level BPE's "\n".
 PROMPT_PREFIX = ("<|im_start|>", "system", "Ċ", "<|im_end|>", "Ċ", "<|im_start|>", "user", "Ċ", "<|audio_start|>")
@@ -76,23 +77,36 @@ def token_list(vocab: dict[str, int], size: int) -> list[str]:
     return tokens
 
 
-def forced_languages(vocab: dict[str, int]) -> dict[str, list[int]]:
-    """Language code -> the ids of "language <Name><asr_text>" (the reference's forced-language suffix), for
-    each language whose name is one token of this vocabulary (as the pre-tokenizer splits " <Name>", so BPE
-    gives that token; without merges.txt a name of several tokens could not be split faithfully: left out)."""
+def forced_languages(vocab: dict[str, int], tokenizer: Qwen3Tokenizer | None = None) -> dict[str, list[int]]:
+    """Language code -> the ids of "language <Name><asr_text>" (the reference's forced-language suffix). With
+    the checkpoint's merges (`tokenizer`) every language, its name encoded as the reference's tokenizer does
+    (the newline before "language" is a piece of its own, so the text alone gives the same ids); without,
+    each language whose name is one token (" <Name>", as the pre-tokenizer splits it): a name of several
+    tokens could not be split faithfully and is left out."""
     if LANGUAGE_WORD not in vocab or ASR_TEXT_TAG not in vocab:
         return {}
+    if tokenizer is not None:
+        return {code: [*tokenizer.encode(f"{LANGUAGE_WORD} {name.capitalize()}"), vocab[ASR_TEXT_TAG]]
+                for name, code in LANGUAGE_CODES.items()}
     return {code: [vocab[LANGUAGE_WORD], vocab["Ġ" + name.capitalize()], vocab[ASR_TEXT_TAG]]
             for name, code in LANGUAGE_CODES.items() if "Ġ" + name.capitalize() in vocab}
 
 
-def prompt_ids(vocab: dict[str, int]) -> dict:
+def prompt_ids(vocab: dict[str, int], tokenizer: Qwen3Tokenizer | None = None) -> dict:
     missing = sorted({*PROMPT_PREFIX, *PROMPT_SUFFIX, AUDIO_TOKEN, *EOS_TOKENS} - set(vocab))
     if missing:
         raise ValueError(f"the tokenizer lacks the prompt's tokens {', '.join(missing)}")
     return {"prefix": [vocab[t] for t in PROMPT_PREFIX], "suffix": [vocab[t] for t in PROMPT_SUFFIX],
             "audio_token_id": vocab[AUDIO_TOKEN], "eos_token_ids": [vocab[t] for t in EOS_TOKENS],
-            "languages": forced_languages(vocab)}
+            "languages": forced_languages(vocab, tokenizer)}
+
+
+def checkpoint_tokenizer(directory: Path, added: dict[int, tuple[str, bool]]) -> Qwen3Tokenizer | None:
+    """The checkpoint's BPE (vocab.json, merges.txt), None without merges.txt; ValueError when unreadable."""
+    if not (directory / MERGES_FILE).is_file():
+        return None
+    return Qwen3Tokenizer(dict(read_json(directory / VOCAB_FILE)), read_merges(directory / MERGES_FILE),
+                          (text for text, _ in added.values()))
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -127,7 +141,8 @@ def checkpoint_model(directory: Path):
     # A checkpoint without an lm_head tensor ties it to the embedding; with one, it is loaded as given.
     text["tie_word_embeddings"] = "thinker.lm_head.weight" not in state
     size = int(text.get("vocab_size", Qwen3ASRDimensions().text.vocab_size))
-    prompt = prompt_ids(vocab) | tokenizer_ids(vocab, read_added_tokens(directory), size)
+    added = read_added_tokens(directory)
+    prompt = prompt_ids(vocab, checkpoint_tokenizer(directory, added)) | tokenizer_ids(vocab, added, size)
     dims = Qwen3ASRDimensions.from_dict({"audio": thinker["audio_config"], "text": text, "prompt": prompt})
     model = Qwen3ASR(dims).eval()
     try:

@@ -53,8 +53,7 @@ from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choo
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
-from .qwen3_bpe import MERGES_FILE
-from .qwen3_context import SYSTEM_TURN, ContextEncoder, Qwen3Context
+from .qwen3_context import ContextEncoder, Qwen3Context, read_contexts
 from .qwen3_engine import ARCHITECTURE as QWEN3, build_qwen3, transcribe_qwen3, warm_up_qwen3
 from .providers import PROVIDERS, SessionRunner, devices_to_try, is_device_failure, provider_config
 from .sessions import create_session, footprint, load_shared_weights, process_rss, release_free_memory, runner_on
@@ -191,11 +190,7 @@ class Engine:
             warm_up_qwen3(self.model, self._sessions, functools.partial(self._infer, warming=True),
                           list(self._qwen3_shapes.values()), WARMUP_FILL)
             log.info("warmed encoder, prefill and step in %.2f s", time.perf_counter() - t)
-            if (self.model.path / MERGES_FILE).is_file():  # read now, not by the first stream with hotwords
-                t = time.perf_counter()
-                self._contexts = self._contexts or ContextEncoder(self.model)
-                self._contexts.tokenizer().encode(SYSTEM_TURN)
-                log.info("read the tokenizer for hotwords in %.2f s", time.perf_counter() - t)
+            self._contexts = read_contexts(self.model)  # its tokenizer now, not on the first stream with hotwords
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
         for (batch, size), session in self._sessions.items():

@@ -12,18 +12,22 @@ fit, or holds the model's control tokens, is refused with bad_start.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from .errors import ProtocolError
 from .hotwords import Hotword
 from .modeldir import ModelDirectory
-from .qwen3_bpe import Qwen3Tokenizer, model_tokenizer
+from .qwen3_bpe import MERGES_FILE, Qwen3Tokenizer, model_tokenizer
 from .qwen3_decoding import CONTEXT_AT
 
 SYSTEM_TURN = "system\n"  # the system turn's text before the context: prefix[1:context_at]
 HOTWORD_SEPARATOR = ", "
 MAX_PROMPT_CHARS = 4096  # an OpenAI prompt longer than this is refused before it is encoded
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class Qwen3Context:
 
 
 def context_text(hotwords: Sequence[Hotword], prompt: str = "") -> str:
-    return HOTWORD_SEPARATOR.join([prompt.strip()] * bool(prompt.strip()) + [h.text for h in hotwords])
+    """The prompt as written (a blank one is none), then the hotwords, joined by HOTWORD_SEPARATOR."""
+    return HOTWORD_SEPARATOR.join(([prompt] if prompt.strip() else []) + [h.text for h in hotwords])
 
 
 class ContextEncoder:
@@ -52,12 +57,19 @@ class ContextEncoder:
         return int(self.prompt.get("context_tokens", 0))
 
     def tokenizer(self) -> Qwen3Tokenizer:
+        """The model directory's tokenizer; ProtocolError bad_start without merges.txt, or when it does not
+        spell the template's own system turn as the manifest has it (merges of another tokenizer)."""
         if self._tokenizer is None:
             added = self.prompt.get("added_ids") or self._control_ids()
             try:
-                self._tokenizer = model_tokenizer(self.model.path, self.model.tokens, added)
+                tokenizer = model_tokenizer(self.model.path, self.model.tokens, added)
             except ValueError as exc:
                 raise ProtocolError(f"hotwords need the model's tokenizer: {exc}", code="bad_start") from None
+            own = list(self.prompt["prefix"][1: self.prompt.get("context_at", CONTEXT_AT)])
+            if tokenizer.encode(SYSTEM_TURN) != own:
+                raise ProtocolError(f"hotwords need the model's tokenizer: its merges.txt spells {SYSTEM_TURN!r} "
+                                    f"as {tokenizer.encode(SYSTEM_TURN)}, the prompt has {own}", code="bad_start")
+            self._tokenizer = tokenizer
         return self._tokenizer
 
     def context(self, hotwords: Sequence[Hotword], prompt: str = "") -> Qwen3Context | None:
@@ -88,3 +100,18 @@ class ContextEncoder:
         prompt = self.prompt
         return [prompt["prefix"][0], prompt["prefix"][-1], prompt["suffix"][0], prompt["audio_token_id"],
                 *prompt["eos_token_ids"]]
+
+
+def read_contexts(model: ModelDirectory) -> ContextEncoder:
+    """A ContextEncoder with its tokenizer read now when the directory has merges.txt (the engine's warm-up):
+    the first stream with hotwords does not wait for it. A tokenizer that cannot serve is logged; the model
+    still serves, and each stream with hotwords is refused."""
+    encoder = ContextEncoder(model)
+    if (model.path / MERGES_FILE).is_file():
+        start = time.perf_counter()
+        try:
+            encoder.tokenizer()
+            log.info("read the tokenizer for hotwords in %.2f s", time.perf_counter() - start)
+        except ProtocolError as exc:
+            log.warning("%s", exc)
+    return encoder

@@ -4,8 +4,8 @@ keys, vocab.json, merges.txt and tokenizer_config.json's added tokens.
 
 Its tokenizer is a small byte-level BPE in the real one's form, at the tiny preset's ids: the template's
 words where the fixture's prompt has them (10 "system", 11 "user", 12 "assistant", 13 "Ċ"), "language" and
-" English", " Chinese" (" Cantonese" is two tokens, " Cant" + "onese", so it cannot be forced), each built
-by merges from single bytes; the other ids are the printable ASCII bytes, space, newline and tab (so any
+" English", " Chinese" (" Cantonese" is two tokens, " Cant" + "onese"), each built by merges from single
+bytes; the other ids are the printable ASCII bytes, space, newline and tab (so any
 ASCII text is spelled), then words whose merges the hotword tests use; ids 249-255 are the added tokens.
 """
 from __future__ import annotations

@@ -63,12 +63,14 @@ def test_checkpoint_exports_the_reference_model(checkpoint, tmp_path):
     directory = read_model_directory(out)
     assert directory.manifest.source["kind"] == "checkpoint"
     prompt = dict(directory.manifest.dimensions["prompt"])  # looked up by token text
-    assert prompt.pop("languages") == {"zh": [20, 22, 249], "en": [20, 21, 249]}
+    languages = prompt.pop("languages")  # every language: its name encoded with the checkpoint's merges
+    assert len(languages) == 30 and languages["zh"] == [20, 22, 249] and languages["en"] == [20, 21, 249]
+    assert languages["yue"] == [20, 23, 24, 249]  # " Cantonese" is " Cant" + "onese" here
     # the added tokens; written as nothing: the special ones (all but <asr_text>); room for a context
     assert prompt.pop("added_ids") == sorted(SPECIAL) and prompt.pop("special_ids") == sorted(set(SPECIAL) - {249})
     assert prompt.pop("context_tokens") == 128 and prompt.pop("context_at") == 3
     assert prompt == {k: CONFIG["dims"]["prompt"][k] for k in ("prefix", "suffix", "audio_token_id", "eos_token_ids")}
-    assert set(directory.manifest.languages) == {"auto", "zh", "en"}
+    assert set(directory.manifest.languages) == {"auto", *languages}
     assert [directory.tokens[i] for i in SPECIAL] == list(SPECIAL.values()) and directory.tokens[13] == "Ċ"
     assert (out / "merges.txt").read_bytes() == (checkpoint / "merges.txt").read_bytes()  # to encode hotwords
     fp32 = decoder(out, "fp32")

@@ -5,8 +5,9 @@ tokenizer files):
     decode   ids -> text as the package prints it (processor.batch_decode(skip_special_tokens=True)), then
              parse_asr_output's language and text, with and without a forced language
     repeat   detect_and_fix_repetitions
-    prompt   the prompt ids of a context (hotwords) and a forced language: the package's processor on its
-             chat template, against our BPE (pipeline/qwen3_bpe.py) and prompt builder
+    prompt   the prompt ids of a context (hotwords) and a forced language (Cantonese: a name of two tokens):
+             the package's processor on its chat template, against our BPE (pipeline/qwen3_bpe.py), the
+             exporter's template and forced-language ids, and our prompt builder
 The tokens come into our side the way an export writes them (export/qwen3_checkpoint.py: tokens.txt's list,
 the added and special ids from tokenizer_config.json's flags).
 """
@@ -55,7 +56,7 @@ def tail_run(text: str) -> bool:
 
 def test_the_fixture_covers_the_edges():
     decode, repeat = FIXTURE["decode"], FIXTURE["repeat"]
-    assert len(decode) >= 400 and len(repeat) >= 600 and len(FIXTURE["prompt"]) >= 480
+    assert len(decode) >= 400 and len(repeat) >= 600 and len(FIXTURE["prompt"]) >= 640
     skipped = {i for i, (_, special) in ADDED.items() if special}
     assert sum(any(i in skipped for i in c["ids"]) for c in decode) > 50  # special ids in the output
     assert sum(any(i > max(ADDED) for i in c["ids"]) for c in decode) > 20  # ids no tokenizer names
@@ -102,7 +103,7 @@ def test_context_prompt_ids_are_the_packages(tokenizer):
     """The package's prompt ids for each context (hotwords) with no language and with a forced one: ours, from
     the template the exporter looks up by text and the context encoded with the system turn's text."""
     vocab = FIXTURE["vocab"] | {text: i for i, (text, _) in ADDED.items()}
-    prompt = template_ids(vocab)
+    prompt = template_ids(vocab, tokenizer)  # every language's forced ids encoded, as an export with merges
     audio_tokens = sum(1 for i in FIXTURE["prompt"][0]["ids"] if i == prompt["audio_token_id"])
     assert audio_tokens == 13  # one second of audio
     for case in FIXTURE["prompt"]:
@@ -112,6 +113,8 @@ def test_context_prompt_ids_are_the_packages(tokenizer):
         assert ids[0, :length].tolist() == case["ids"], case
     no_context = [c["ids"] for c in FIXTURE["prompt"] if not c["context"] and not c["language"]][0]
     assert no_context[:9] == prompt["prefix"]  # the exporter's template is the package's
+    assert len(prompt["languages"]) == 30 and len(prompt["languages"]["yue"]) == 4  # language, Ġcant, onese, tag
+    assert template_ids(vocab)["languages"].keys() == set(prompt["languages"]) - {"yue", "mk"}  # without merges
 
 
 def test_a_context_may_not_hold_control_tokens(tokenizer):

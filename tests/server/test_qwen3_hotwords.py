@@ -7,6 +7,9 @@ the prompt, so the greedy tokens change with it, and each door must give what th
 """
 from __future__ import annotations
 
+import re
+import shutil
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -19,7 +22,7 @@ from pipeline.errors import ProtocolError
 from pipeline.hotwords import make_hotword, parse_hotwords, read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.qwen3_bpe import model_tokenizer
-from pipeline.qwen3_context import SYSTEM_TURN, Qwen3Context
+from pipeline.qwen3_context import SYSTEM_TURN, ContextEncoder, Qwen3Context
 from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, prompt_ids
 from server_testkit import wav16
 
@@ -74,6 +77,12 @@ def test_a_context_that_does_not_fit_or_cannot_be_spelled_is_refused(engine, qwe
         read_model_hotwords(path, read_model_directory(qwen3_released_model_dir))
     path.write_text(PHRASE + "\n", encoding="utf-8")
     assert [h.text for h in read_model_hotwords(path, read_model_directory(qwen3_released_model_dir))] == [PHRASE]
+    other = tmp_path / "other-merges"  # merges of another tokenizer: they do not spell the template's "system"
+    shutil.copytree(qwen3_released_model_dir, other)
+    merges = (other / "merges.txt").read_text(encoding="utf-8").replace("s y\n", "")
+    (other / "merges.txt").write_text(merges, encoding="utf-8")
+    with pytest.raises(ProtocolError, match=re.escape(f"its merges.txt spells {SYSTEM_TURN!r} as")):
+        ContextEncoder(read_model_directory(other)).context((make_hotword("lights"),))
 
 
 async def test_hotwords_on_the_stream_and_a_prompt_on_the_openai_upload(serve_test_server, engine,
