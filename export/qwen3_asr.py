@@ -10,6 +10,7 @@ ONNX graphs (a released checkpoint: export/qwen3_checkpoint.py).
     DIR/*.int8.onnx    the same with int8 MatMul weights (the CPU precision)
     DIR/*.fp16.onnx    the same in fp16 (the GPU precision): audio in, the log-mel, RoPE angles and logits
                        stay float32; audio_embeds, keys, values and the caches are float16
+    DIR/merges.txt     the tokenizer's merges, copied from a checkpoint that has them (to encode hotwords)
     DIR/manifest.json  architecture "qwen3-asr"; dimensions: models.qwen3_asr.Qwen3ASRDimensions plus
                        "shapes" (pipeline/qwen3_decoding.py's Qwen3Shapes); graphs: precision -> graph -> file
 The free axes (windows, prompt, audio_tokens, cache) are fixed per session by the server, at the shapes
@@ -22,6 +23,7 @@ import argparse
 import copy
 import dataclasses
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -29,6 +31,7 @@ from torch import nn
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelManifest
+from pipeline.qwen3_bpe import MERGES_FILE
 from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
@@ -39,6 +42,10 @@ from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 DEFAULT_SEED = 20261124
 SYNTHETIC_LANGUAGE_IDS = 100  # random weights' "language" id; "<asr_text>" and the names follow it
 DEFAULT_MAX_NEW_TOKENS = 256
+# Prompt slots kept for a context (hotwords; pipeline/qwen3_context.py), so that a prompt with one keeps the
+# fixed shape. On the CPU prefill runs over the prompt in use, so the room costs nothing without a context;
+# a GPU's prefill and cache always span it.
+DEFAULT_CONTEXT_TOKENS = 128
 GRAPH_FILES = {"fp32": {g: f"{g}.onnx" for g in (ENCODER, PREFILL, STEP)},
                "int8": {g: f"{g}.int8.onnx" for g in (ENCODER, PREFILL, STEP)},
                "fp16": {g: f"{g}.fp16.onnx" for g in (ENCODER, PREFILL, STEP)}}
@@ -170,13 +177,19 @@ def random_model(size: str, seed: int):
 
 
 def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
-          container: float, max_new_tokens: int, notice: str = "") -> Path:
+          container: float, max_new_tokens: int, notice: str = "", context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+          copies: tuple[Path, ...] = ()) -> Path:
+    """The model directory `out`; `copies`: files copied into it as they are (the tokenizer's merges)."""
     unsupported = [p for p in precisions if p not in GRAPH_FILES]
     if unsupported:
         raise ValueError(f"qwen3-asr exports {', '.join(GRAPH_FILES)} (not {unsupported[0]} yet)")
+    model.dims = dataclasses.replace(model.dims, prompt=dataclasses.replace(model.dims.prompt,
+                                                                            context_tokens=context_tokens))
     shapes = serving_shapes(model, container, max_new_tokens)
 
     def build(directory: Path) -> None:
+        for path in copies:
+            shutil.copyfile(path, directory / path.name)
         export_graphs(model, directory, shapes)
         for precision in precisions:
             if precision == "int8":
@@ -206,20 +219,23 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
 
 
 def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], name: str, source: dict,
-                      container: float = 30.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Path:
-    """A released checkpoint directory to the model directory `out` (written atomically); the exporter
-    contract of pipeline/catalog.py, which `python -m export pull` calls."""
+                      container: float = 30.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                      context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> Path:
+    """A released checkpoint directory to the model directory `out` (written atomically), its merges.txt
+    copied when it has one; the exporter contract of pipeline/catalog.py, which `python -m export pull` calls."""
     from .qwen3_checkpoint import checkpoint_model
 
     model, tokens = checkpoint_model(Path(directory))
-    return write(model, tokens, out, precisions, name, source, container, max_new_tokens)
+    merges = Path(directory) / MERGES_FILE
+    return write(model, tokens, out, precisions, name, source, container, max_new_tokens,
+                 context_tokens=context_tokens, copies=(merges,) if merges.is_file() else ())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--checkpoint", type=user_path,
                          help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's config.json, model.safetensors, "
-                              "vocab.json, tokenizer_config.json)")
+                              "vocab.json, merges.txt, tokenizer_config.json)")
     weights.add_argument("--random-init", choices=("tiny", "0.6b", "1.7b"), help="seeded random weights of this size")
     parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default="fp32,int8", help="comma list of fp32, int8, fp16 (default fp32,int8)")
@@ -227,19 +243,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="container seconds, rounded up to whole attention windows (default 30 -> 32)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"decoder cache room past the prompt (default {DEFAULT_MAX_NEW_TOKENS})")
+    parser.add_argument("--context-tokens", type=int, default=DEFAULT_CONTEXT_TOKENS,
+                        help=f"prompt room for a context, i.e. hotwords (default {DEFAULT_CONTEXT_TOKENS}; 0: none)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for --random-init")
     parser.add_argument("--name", help="model name recorded in the manifest")
 
 
 def run(args: argparse.Namespace) -> int:
     precisions = parse_precisions(args.precision)
-    if not 0 < args.container <= 600 or not 0 < args.max_new_tokens <= 4096:
-        raise ValueError("--container must be in (0, 600] seconds and --max-new-tokens in 1..4096")
+    if not 0 < args.container <= 600 or not 0 < args.max_new_tokens <= 4096 or not 0 <= args.context_tokens <= 4096:
+        raise ValueError("--container must be in (0, 600] seconds, --max-new-tokens in 1..4096 and "
+                         "--context-tokens in 0..4096")
     if args.out.exists():
         raise FileExistsError(f"{args.out} already exists (choose another --out or remove it)")
     if args.checkpoint:
         out = export_checkpoint(args.checkpoint, args.out, precisions, args.name or "qwen3-asr",
-                                {"kind": "checkpoint", "path": str(args.checkpoint)}, args.container, args.max_new_tokens)
+                                {"kind": "checkpoint", "path": str(args.checkpoint)}, args.container, args.max_new_tokens,
+                                args.context_tokens)
         print(f"wrote {out} ({', '.join(precisions)})")
         return 0
     model = random_model(args.random_init, args.seed)
@@ -247,6 +267,6 @@ def run(args: argparse.Namespace) -> int:
               "note": "random weights and synthetic tokens: for speed and padding checks, not recognition"}
     out = write(model, synthetic_tokens(model.dims), args.out, precisions,
                 args.name or f"qwen3-asr-random-{args.random_init}", source, args.container, args.max_new_tokens,
-                notice=RANDOM_INIT_NOTICE)
+                notice=RANDOM_INIT_NOTICE, context_tokens=args.context_tokens)
     print(f"wrote {out} ({', '.join(precisions)})")
     return 0

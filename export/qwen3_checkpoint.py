@@ -4,12 +4,17 @@
     model.safetensors        the weights (bf16), keys `thinker.audio_tower.*`, `thinker.model.*`,
                              `thinker.lm_head.weight`; or model.safetensors.index.json and its shards
     vocab.json               the byte-level BPE vocabulary (token text -> id)
-    tokenizer_config.json    added_tokens_decoder: the special tokens (<|im_start|>, <|audio_pad|>, <asr_text>, ...)
+    merges.txt               the BPE merges: copied into the model directory, to encode a context
+                             (hotwords) for the prompt (pipeline/qwen3_bpe.py), and here each language's
+                             forced prompt; without it the export serves, takes no hotwords, and forces
+                             only the languages whose name is one token
+    tokenizer_config.json    added_tokens_decoder: the added tokens (<|im_start|>, <|audio_pad|>, <asr_text>, ...),
+                             each "special" or not
 tokens.txt gets one line per id of the model's vocabulary (ids no tokenizer file names: "<|unused{id}|>").
 The prompt's ids (the chat template around the audio) are looked up by their text, so a checkpoint whose
-tokenizer numbers them differently still gets the right prompt; a missing one is a ValueError.
-merges.txt is not needed: serving only turns ids into text, and the forced-language prompts are whole
-tokens looked up by text (forced_languages).
+tokenizer numbers them differently still gets the right prompt; a missing one is a ValueError. The
+manifest also records the added ids and the ids the reference writes as nothing (special_ids: its
+special tokens and the nameless ids; it decodes with skip_special_tokens).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.qwen3_bpe import MERGES_FILE, Qwen3Tokenizer, read_merges
 from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
 
 CONFIG_FILE, VOCAB_FILE, TOKENIZER_CONFIG_FILE = "config.json", "vocab.json", "tokenizer_config.json"
@@ -38,12 +44,26 @@ def read_json(path: Path) -> dict:
         raise ValueError(f"{path}: unreadable ({exc})") from None
 
 
+def read_added_tokens(directory: Path) -> dict[int, tuple[str, bool]]:
+    """tokenizer_config.json's added tokens: id -> (text, special)."""
+    added = read_json(directory / TOKENIZER_CONFIG_FILE).get("added_tokens_decoder", {})
+    return {int(i): (entry["content"], bool(entry.get("special", False))) for i, entry in added.items()}
+
+
 def read_vocabulary(directory: Path) -> dict[str, int]:
     """Token text -> id: vocab.json plus the added tokens of tokenizer_config.json."""
     vocab = dict(read_json(directory / VOCAB_FILE))
-    added = read_json(directory / TOKENIZER_CONFIG_FILE).get("added_tokens_decoder", {})
-    vocab.update({entry["content"]: int(i) for i, entry in added.items()})
+    vocab.update({text: i for i, (text, _) in read_added_tokens(directory).items()})
     return vocab
+
+
+def tokenizer_ids(vocab: dict[str, int], added: dict[int, tuple[str, bool]], size: int) -> dict[str, list[int]]:
+    """The added ids, and the ids the reference writes as nothing: its special added tokens and the ids of the
+    model's vocabulary that no tokenizer file names (its decode skips those too)."""
+    named = set(vocab.values()) | set(added)
+    nameless = [i for i in range(size) if i not in named]
+    return {"added_ids": sorted(added), "special_ids": sorted([i for i, (_, special) in added.items() if special]
+                                                              + nameless)}
 
 
 def token_list(vocab: dict[str, int], size: int) -> list[str]:
@@ -57,23 +77,36 @@ def token_list(vocab: dict[str, int], size: int) -> list[str]:
     return tokens
 
 
-def forced_languages(vocab: dict[str, int]) -> dict[str, list[int]]:
-    """Language code -> the ids of "language <Name><asr_text>" (the reference's forced-language suffix), for
-    each language whose name is one token of this vocabulary (as the pre-tokenizer splits " <Name>", so BPE
-    gives that token; without merges.txt a name of several tokens could not be split faithfully: left out)."""
+def forced_languages(vocab: dict[str, int], tokenizer: Qwen3Tokenizer | None = None) -> dict[str, list[int]]:
+    """Language code -> the ids of "language <Name><asr_text>" (the reference's forced-language suffix). With
+    the checkpoint's merges (`tokenizer`) every language, its name encoded as the reference's tokenizer does
+    (the newline before "language" is a piece of its own, so the text alone gives the same ids); without,
+    each language whose name is one token (" <Name>", as the pre-tokenizer splits it): a name of several
+    tokens could not be split faithfully and is left out."""
     if LANGUAGE_WORD not in vocab or ASR_TEXT_TAG not in vocab:
         return {}
+    if tokenizer is not None:
+        return {code: [*tokenizer.encode(f"{LANGUAGE_WORD} {name.capitalize()}"), vocab[ASR_TEXT_TAG]]
+                for name, code in LANGUAGE_CODES.items()}
     return {code: [vocab[LANGUAGE_WORD], vocab["Ġ" + name.capitalize()], vocab[ASR_TEXT_TAG]]
             for name, code in LANGUAGE_CODES.items() if "Ġ" + name.capitalize() in vocab}
 
 
-def prompt_ids(vocab: dict[str, int]) -> dict:
+def prompt_ids(vocab: dict[str, int], tokenizer: Qwen3Tokenizer | None = None) -> dict:
     missing = sorted({*PROMPT_PREFIX, *PROMPT_SUFFIX, AUDIO_TOKEN, *EOS_TOKENS} - set(vocab))
     if missing:
         raise ValueError(f"the tokenizer lacks the prompt's tokens {', '.join(missing)}")
     return {"prefix": [vocab[t] for t in PROMPT_PREFIX], "suffix": [vocab[t] for t in PROMPT_SUFFIX],
             "audio_token_id": vocab[AUDIO_TOKEN], "eos_token_ids": [vocab[t] for t in EOS_TOKENS],
-            "languages": forced_languages(vocab)}
+            "languages": forced_languages(vocab, tokenizer)}
+
+
+def checkpoint_tokenizer(directory: Path, added: dict[int, tuple[str, bool]]) -> Qwen3Tokenizer | None:
+    """The checkpoint's BPE (vocab.json, merges.txt), None without merges.txt; ValueError when unreadable."""
+    if not (directory / MERGES_FILE).is_file():
+        return None
+    return Qwen3Tokenizer(dict(read_json(directory / VOCAB_FILE)), read_merges(directory / MERGES_FILE),
+                          (text for text, _ in added.values()))
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -107,7 +140,10 @@ def checkpoint_model(directory: Path):
     text = dict(thinker["text_config"])
     # A checkpoint without an lm_head tensor ties it to the embedding; with one, it is loaded as given.
     text["tie_word_embeddings"] = "thinker.lm_head.weight" not in state
-    dims = Qwen3ASRDimensions.from_dict({"audio": thinker["audio_config"], "text": text, "prompt": prompt_ids(vocab)})
+    size = int(text.get("vocab_size", Qwen3ASRDimensions().text.vocab_size))
+    added = read_added_tokens(directory)
+    prompt = prompt_ids(vocab, checkpoint_tokenizer(directory, added)) | tokenizer_ids(vocab, added, size)
+    dims = Qwen3ASRDimensions.from_dict({"audio": thinker["audio_config"], "text": text, "prompt": prompt})
     model = Qwen3ASR(dims).eval()
     try:
         load_qwen3_state(model, state)

@@ -92,6 +92,15 @@ class PromptTokens:
     # Language code -> the ids of "language <Name><asr_text>", which the reference appends to the prompt to
     # force that language (its output is then the text alone); from the checkpoint's tokenizer.
     languages: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # A context (hotwords) goes into the system turn, as the reference's transcribe(context=...) puts it:
+    # prefix[1:context_at] is that turn's text ("system\n"), encoded again together with the context.
+    context_at: int = 3
+    # Prompt slots the export keeps for a context's tokens, so that a prompt with one keeps the fixed shape.
+    context_tokens: int = 0
+    # The tokenizer's added tokens (never a merge's result; a context may not contain them), and the ids the
+    # reference writes as nothing (its special tokens and ids it names no token for: skip_special_tokens).
+    added_ids: tuple[int, ...] = ()
+    special_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

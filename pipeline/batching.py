@@ -46,6 +46,7 @@ class Clip:
     language: str = "auto"
     itn: bool = False
     hotwords: ContextGraph | None = None  # None: greedy; else a beam search over the top-k biased to them
+    #                                       (a Qwen3-ASR's: a Qwen3Context, its prompt's context)
     beam: int = DEFAULT_BEAM
 
 

@@ -93,7 +93,13 @@ SENSEVOICE_SMALL = CatalogModel(
 # those that independent public projects pin for this commit, found with a code search on 2026-11-25: an
 # OpenVINO export checker lists every file of the commit with size and sha256; model.safetensors' and
 # config.json's pins recur in at least four more projects, tokenizer_config.json's and vocab.json's in five.
-# merges.txt is not downloaded (serving turns ids into text; it never encodes text).
+# merges.txt (the BPE merges, to encode a context, i.e. hotwords, for the prompt): 1,671,853 bytes, sha256
+# 8831e4f1..., pinned for this commit by independent projects found with a code search on 2026-11-26 (a
+# model registry listing each file's resolve URL at 5eb14417 with size and sha256, a catalogue pinning
+# the commit's nine files, an MLX conversion's file list, an install script's QWEN_SHA_MERGES); the same
+# pin recurs for Qwen3-ASR-1.7B and Qwen3-ForcedAligner-0.6B. Checked byte for byte too: a public copy of
+# Qwen's tokenizer files (vocab.json with this catalogue's sha256) holds merges.txt with CRLF line ends;
+# with LF ends it is 1,671,853 bytes with this sha256.
 QWEN3_ASR_0_6B = CatalogModel(
     name="qwen3-asr-0.6b",
     description="Qwen3-ASR-0.6B: 30 languages and 22 Chinese dialects, language identification (LLM decoder)",
@@ -104,6 +110,7 @@ QWEN3_ASR_0_6B = CatalogModel(
         HubFile("model.safetensors", 1_876_091_704,
                 "79d6cbd4c98c7bbffe9db2edac07f56cd6637d0d5944b27f6c2b8353840323ea"),
         HubFile("vocab.json", 2_776_833, "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910"),
+        HubFile("merges.txt", 1_671_853, "8831e4f1a044471340f7c0a83d7bd71306a5b867e95fd870f74d0c5308a904d5"),
         HubFile("tokenizer_config.json", 12_487,
                 "4942d005604266809309cabc9f4e9cb89ce855d59b14681fdc0e1cc62ea26c4c"),
     ),

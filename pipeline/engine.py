@@ -53,6 +53,7 @@ from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choo
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
+from .qwen3_context import ContextEncoder, Qwen3Context, read_contexts
 from .qwen3_engine import ARCHITECTURE as QWEN3, build_qwen3, transcribe_qwen3, warm_up_qwen3
 from .providers import PROVIDERS, SessionRunner, devices_to_try, is_device_failure, provider_config
 from .sessions import create_session, footprint, load_shared_weights, process_rss, release_free_memory, runner_on
@@ -93,6 +94,7 @@ class Engine:
         self._shared: dict = {}  # weights shared by the CPU sessions; must outlive them
         self._decoder: DecoderGrid | None = None  # a Paraformer's second stage (pipeline/paraformer_stages.py)
         self._speller: Speller | None = None  # hotword spelling, made on first use
+        self._contexts: ContextEncoder | None = None  # a Qwen3-ASR's hotwords as its prompt's context
 
     # ---- loading ------------------------------------------------------------------------------------
 
@@ -188,6 +190,7 @@ class Engine:
             warm_up_qwen3(self.model, self._sessions, functools.partial(self._infer, warming=True),
                           list(self._qwen3_shapes.values()), WARMUP_FILL)
             log.info("warmed encoder, prefill and step in %.2f s", time.perf_counter() - t)
+            self._contexts = read_contexts(self.model)  # its tokenizer now, not on the first stream with hotwords
             return
         prompt = (self.language_id("auto"), self.textnorm_id(False))
         for (batch, size), session in self._sessions.items():
@@ -307,7 +310,7 @@ class Engine:
         m = self.model.manifest
         offsets = offsets if offsets is not None else [0.0] * len(clips)
         if self.qwen3:
-            return [self._transcribe_qwen3(clip.audio, clip.language) for clip in clips]
+            return [self._transcribe_qwen3(clip.audio, clip.language, clip.hotwords) for clip in clips]
         outputs = self.infer(clips, topk=any(c.hotwords is not None for c in clips), batch=batch)
         if self.paraformer:
             return [decode_paraformer(out, self.model.tokens, offset=offset) for out, offset in zip(outputs, offsets)]
@@ -323,8 +326,9 @@ class Engine:
         """One clip through transcribe_many(); `hotwords` from hotword_graph()."""
         return self.transcribe_many([Clip(audio, language, itn, hotwords, beam)], [offset])[0]
 
-    def _transcribe_qwen3(self, audio: np.ndarray, language: str) -> Transcript:
-        """One clip through encoder, prefill and steps (pipeline/qwen3_engine.py); no token times."""
+    def _transcribe_qwen3(self, audio: np.ndarray, language: str, context: Qwen3Context | None = None) -> Transcript:
+        """One clip through encoder, prefill and steps (pipeline/qwen3_engine.py), with the `context` of its
+        hotwords (hotword_graph); no token times."""
         if not self.ready:
             raise InferenceError("the engine is not loaded and warmed; call load() first")
         audio = np.asarray(audio, dtype=np.float32)
@@ -337,7 +341,7 @@ class Engine:
             self._refuse_unwarmed(f"{size} samples", ",".join(map(str, self._qwen3_shapes)), samples=size)
         self.language_id(language)  # a language the model cannot be told is the caller's error
         transcript = transcribe_qwen3(self.model, self._sessions, self._infer, self._qwen3_shapes[size], audio,
-                                      language)
+                                      language, context)
         self.stats.rows += 1
         return transcript
 
@@ -368,9 +372,13 @@ class Engine:
         log.error("refused a call of %s: no session warmed with that shape (grid %s)", shape, grid)
         raise UnwarmedShapeError(f"no session was warmed for {shape}", **details)
 
-    def hotword_graph(self, hotwords: tuple[Hotword, ...]) -> ContextGraph | None:
+    def hotword_graph(self, hotwords: tuple[Hotword, ...], prompt: str = "") -> ContextGraph | Qwen3Context | None:
         """`hotwords` spelled with the model's tokens, None for none; ProtocolError bad_start if one cannot be
-        or the model has no CTC output to search (Paraformer)."""
+        or the model has no CTC output to search (Paraformer). A Qwen3-ASR takes them, and an OpenAI request's
+        `prompt` (unused by the CTC models), as the context of its prompt (pipeline/qwen3_context.py)."""
+        if self.qwen3:
+            self._contexts = self._contexts or ContextEncoder(self.model)
+            return self._contexts.context(hotwords, prompt)
         if hotwords:
             check_model_takes_hotwords(self.model)
         self._speller = self._speller or Speller(self.model.tokens)

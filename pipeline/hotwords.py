@@ -39,7 +39,8 @@ MAX_HOTWORDS = 256  # per stream (the server-wide list counts separately)
 MAX_HOTWORD_CHARS = 64
 FUNASR_WEIGHT_PER_BOOST = 10.0  # FunASR's weights are ~10-40 for Paraformer: weight 20 -> boost 2.0
 FUNASR_DEFAULT_WEIGHT = 20.0  # a plain-text hotword line without a weight
-NO_CTC_ARCHITECTURES = ("paraformer", "qwen3-asr")  # models whose graphs give no per-frame log-probs to search
+NO_CTC_ARCHITECTURES = ("paraformer",)  # models that take no hotwords: no per-frame log-probs, no prompt
+QWEN3 = "qwen3-asr"  # hotwords go into its prompt as a context (pipeline/qwen3_context.py)
 
 
 @dataclass(frozen=True)
@@ -153,19 +154,21 @@ def _weight_lines(text: str) -> dict[str, float]:
 
 
 def check_model_takes_hotwords(model: ModelDirectory) -> None:
-    """Hotwords bias a CTC beam search; a model without a CTC output (Paraformer) cannot take them."""
+    """Hotwords bias a CTC beam search, or a Qwen3-ASR's prompt; a Paraformer (no CTC output) cannot take them."""
     if model.manifest.architecture in NO_CTC_ARCHITECTURES:
-        raise _bad(f"hotwords need a CTC model (SenseVoice); this model is a {model.manifest.architecture.capitalize()}")
+        raise _bad(f"hotwords need a CTC model (SenseVoice) or Qwen3-ASR; this model is a "
+                   f"{model.manifest.architecture.capitalize()}")
 
 
 _COLON_BOOST = re.compile(r":\s*\d+(\.\d+)?\s*$")
 
 
-def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword, ...]:
+def read_hotwords_file(path: str | Path, tokens: Sequence[str] | None) -> tuple[Hotword, ...]:
     """A server-wide list: one phrase a line, optionally a tab and its boost; blank lines and # comments
     are skipped; UTF-8, with or without the byte-order mark Windows editors write. ValueError (with the
-    line number) on a bad line, an unreadable file or a phrase the model (`tokens`) cannot spell."""
-    speller = Speller(tokens)
+    line number) on a bad line, an unreadable file or a phrase the model (`tokens`; None: no spelling, a
+    Qwen3-ASR's byte-level tokens spell anything) cannot spell."""
+    speller = Speller(tokens) if tokens is not None else None
     try:
         lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -177,7 +180,8 @@ def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword
         text, _, boost = line.partition("\t")
         try:
             words.append(make_hotword(text, _number(boost) if boost.strip() else DEFAULT_BOOST))
-            speller.spellings(words[-1])
+            if speller is not None:
+                speller.spellings(words[-1])
         except (ProtocolError, ValueError) as exc:
             # "volume up:3" is the clients' --hotword syntax; here it would be a phrase ending in ":3"
             hint = " (in this file a boost follows a TAB, not ':')" if _COLON_BOOST.search(text) else ""
@@ -187,12 +191,22 @@ def read_hotwords_file(path: str | Path, tokens: Sequence[str]) -> tuple[Hotword
 
 def read_model_hotwords(path: str | Path, model: ModelDirectory) -> tuple[Hotword, ...]:
     """read_hotwords_file for the model a server serves (--hotwords FILE): ValueError at startup for a model
-    that takes no hotwords, rather than a bad_start for every stream."""
+    that takes no hotwords, or a Qwen3-ASR whose prompt they do not fit, rather than a bad_start for every
+    stream."""
     try:
         check_model_takes_hotwords(model)
     except ProtocolError as exc:
         raise ValueError(f"--hotwords {path}: {exc}; serve it without --hotwords") from None
-    return read_hotwords_file(path, model.tokens)
+    if model.manifest.architecture != QWEN3:
+        return read_hotwords_file(path, model.tokens)
+    from .qwen3_context import ContextEncoder
+
+    words = read_hotwords_file(path, None)
+    try:
+        ContextEncoder(model).context(words)
+    except ProtocolError as exc:
+        raise ValueError(f"--hotwords {path}: {exc}") from None
+    return words
 
 
 def _number(text: str) -> float | str:

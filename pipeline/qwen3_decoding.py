@@ -5,7 +5,8 @@ prefill at `prompt_slots`, each step at `cache_slots`; or, where `prompt_step` a
 (the CPU, whose sessions compile nothing per shape), prefill over the prompt rounded up to whole
 `prompt_step`s and each step over the cache slots in use rounded up to whole `cache_step`s: their cost
 grows with those lengths, and their logits do not depend on them (padding invariance, `verify`). The
-prompt is the chat template around as many audio placeholders as the clip has audio tokens, padded to
+prompt is the chat template around as many audio placeholders as the clip has audio tokens (a context's
+tokens in its system turn, within the room the export keeps: pipeline/qwen3_context.py), padded to
 `prompt_slots`; the step's keys and values go to cache slot `position` here on the host (the graph returns
 them; no in-graph scatter). Decoding stops at an end-of-text id, at `max_new_tokens`, or when the cache is
 full.
@@ -13,6 +14,7 @@ full.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from .audio import SAMPLE_RATE
 
 ENCODER, PREFILL, STEP = "encoder", "prefill", "step"
 GRAPHS = (ENCODER, PREFILL, STEP)
+CONTEXT_AT = 3  # models/qwen3_asr.py PromptTokens.context_at, for manifests written before it
 
 
 @dataclass(frozen=True)
@@ -110,21 +113,32 @@ def forced_language_ids(prompt: dict, language: str | None) -> list[int]:
 
 
 def prompt_capacity(prompt: dict, audio_tokens: int) -> int:
-    """Prompt slots for `audio_tokens` audio placeholders and the longest forced language (prompt: the
-    manifest's dimensions["prompt"], or models/qwen3_asr.py PromptTokens as a dict)."""
+    """Prompt slots for `audio_tokens` audio placeholders, the longest forced language and the room kept for
+    a context (prompt: the manifest's dimensions["prompt"], or models/qwen3_asr.py PromptTokens as a dict)."""
     forced = max(map(len, prompt.get("languages", {}).values()), default=0)
-    return len(prompt["prefix"]) + audio_tokens + len(prompt["suffix"]) + forced
+    return len(prompt["prefix"]) + audio_tokens + len(prompt["suffix"]) + forced + prompt.get("context_tokens", 0)
 
 
-def prompt_length(prompt: dict, audio_tokens: int, language: str | None = None) -> int:
+def prompt_prefix(prompt: dict, system: Sequence[int] | None = None) -> list[int]:
+    """The template's ids before the audio; `system`: the ids of the system turn's text with a context
+    (pipeline/qwen3_context.py), in place of the text alone (prefix[1:context_at])."""
+    if system is None:
+        return list(prompt["prefix"])
+    return [prompt["prefix"][0], *system, *prompt["prefix"][prompt.get("context_at", CONTEXT_AT):]]
+
+
+def prompt_length(prompt: dict, audio_tokens: int, language: str | None = None,
+                  system: Sequence[int] | None = None) -> int:
     """The tokens of prompt_ids' prompt, without building it."""
-    return len(prompt["prefix"]) + audio_tokens + len(prompt["suffix"]) + len(forced_language_ids(prompt, language))
+    return (len(prompt_prefix(prompt, system)) + audio_tokens + len(prompt["suffix"])
+            + len(forced_language_ids(prompt, language)))
 
 
-def prompt_ids(prompt: dict, audio_tokens: int, slots: int, language: str | None = None) -> tuple[np.ndarray, int]:
-    """The template around `audio_tokens` placeholders, then the forced language's ids if any, padded to
-    `slots`: (ids int64 [1, slots], length)."""
-    ids = [*prompt["prefix"], *([prompt["audio_token_id"]] * audio_tokens), *prompt["suffix"],
+def prompt_ids(prompt: dict, audio_tokens: int, slots: int, language: str | None = None,
+               system: Sequence[int] | None = None) -> tuple[np.ndarray, int]:
+    """The template (with a context's `system` ids, prompt_prefix) around `audio_tokens` placeholders, then
+    the forced language's ids if any, padded to `slots`: (ids int64 [1, slots], length)."""
+    ids = [*prompt_prefix(prompt, system), *([prompt["audio_token_id"]] * audio_tokens), *prompt["suffix"],
            *forced_language_ids(prompt, language)]
     if len(ids) > slots:
         raise ValueError(f"a prompt of {len(ids)} tokens does not fit {slots} prompt slots")
@@ -151,20 +165,22 @@ class Qwen3Decoder:
         self.sessions, self.prompt, self.shapes = sessions, prompt, shapes
         self.eos = set(prompt["eos_token_ids"])
 
-    def decode(self, audio: np.ndarray, max_new_tokens: int | None = None, language: str | None = None) -> Qwen3Result:
+    def decode(self, audio: np.ndarray, max_new_tokens: int | None = None, language: str | None = None,
+               system: Sequence[int] | None = None) -> Qwen3Result:
         """Greedy tokens of one clip (float32 [n] in [-1, 1], n <= container) at the fixed shapes; `language`
-        forces the language (forced_language_ids)."""
+        forces the language (forced_language_ids), `system` puts a context into the prompt (prompt_prefix)."""
         shapes = self.shapes
         if len(audio) > shapes.container_samples:
             raise ValueError(f"{len(audio) / SAMPLE_RATE:g} s of audio exceeds the "
                              f"{shapes.container_samples / SAMPLE_RATE:g} s container")
         container = np.zeros((1, shapes.container_samples), dtype=np.float32)
         container[0, : len(audio)] = audio
-        return self.decode_container(container, len(audio), max_new_tokens, language=language)
+        return self.decode_container(container, len(audio), max_new_tokens, language=language, system=system)
 
     def decode_container(self, container: np.ndarray, valid: int, max_new_tokens: int | None = None,
                          prompt_slots: int | None = None, cache_slots: int | None = None,
-                         ignore_eos: bool = False, language: str | None = None) -> Qwen3Result:
+                         ignore_eos: bool = False, language: str | None = None,
+                         system: Sequence[int] | None = None) -> Qwen3Result:
         """As decode, for a container [1, samples] already filled (what lies past `valid` is ignored);
         prompt_slots/cache_slots other than the manifest's are for verification only (prompt_slots: exactly
         that many, never fewer by `prompt_step`); `ignore_eos` goes on
@@ -176,7 +192,7 @@ class Qwen3Decoder:
         embeds, token_lengths = self.sessions[ENCODER].run(
             None, {"audio": container.astype(np.float32, copy=False), "audio_lengths": np.array([valid], np.int32)})
         audio_tokens = int(token_lengths[0])
-        ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots, language)
+        ids, length = prompt_ids(self.prompt, audio_tokens, prompt_slots, language, system)
         if not exact_prompt:
             ids = ids[:, : self.shapes.prompt_size(length)]
         logits, keys, values = self.sessions[PREFILL].run(

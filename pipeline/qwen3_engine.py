@@ -27,6 +27,7 @@ from .modeldir import ModelDirectory
 from .providers import ProviderConfig, SessionRunner
 from .qwen3_decoding import (ENCODER, GRAPHS, PREFILL, Qwen3Decoder, Qwen3Shapes, rung_shapes, serving_overrides,
                              window_geometry)
+from .qwen3_context import Qwen3Context
 from .qwen3_text import qwen3_transcript
 from .sessions import SharedWeights, create_session, load_shared_weights, runner_on
 
@@ -136,9 +137,12 @@ def warm_up_qwen3(model: ModelDirectory, runners: dict[tuple[str, int], SessionR
 
 
 def transcribe_qwen3(model: ModelDirectory, runners: dict[tuple[str, int], SessionRunner], infer: Callable,
-                     shapes: Qwen3Shapes, audio: np.ndarray, language: str = "auto") -> Transcript:
+                     shapes: Qwen3Shapes, audio: np.ndarray, language: str = "auto",
+                     context: Qwen3Context | None = None) -> Transcript:
     """One clip (it fits `shapes`' container) decoded greedily through the engine's `infer`, its language
-    forced unless "auto"; no token times."""
+    forced unless "auto", with `context` in its prompt (pipeline/qwen3_context.py); no token times."""
     forced = None if language == "auto" else language
-    result = qwen3_decoder(model, runners, infer, shapes).decode(audio, language=forced)
-    return qwen3_transcript(result.tokens, model.tokens, forced)
+    system = context.system if context is not None else None
+    result = qwen3_decoder(model, runners, infer, shapes).decode(audio, language=forced, system=system)
+    skipped = frozenset(model.manifest.dimensions["prompt"].get("special_ids", ()))
+    return qwen3_transcript(result.tokens, model.tokens, forced, skipped)

@@ -157,7 +157,7 @@ class FileTranscription:
         self.id = uuid.uuid4().hex[:12]
         self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
         self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
-        self.hotwords: Any = None  # the ContextGraph its segments decode with; None: the server's hotwords
+        self.hotwords: Any = None  # the ContextGraph (Qwen3Context) its segments decode with; None: the server's
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -178,6 +178,11 @@ class FileTranscription:
             self.app.engine.language_id(language)
         except ProtocolError as exc:
             raise ApiError(400, str(exc), param="language", code="unsupported_language") from None
+        if form.prompt and self.app.engine.qwen3:  # its prompt's context; the CTC models take none
+            try:
+                self.hotwords = self.app.hotword_graph((), form.prompt)
+            except ProtocolError as exc:
+                raise ApiError(400, str(exc), param="prompt", code="invalid_prompt") from None
         try:
             audio = await asyncio.to_thread(open_audio, form.file, form.filename)
         except AudioFormatError as exc:

@@ -83,6 +83,7 @@ class RealtimeConnection(StreamConnection):
         self.outbox = Outbox(OUTBOX_LIMIT)
         self.session_id = new_id("sess")
         self.config = SessionConfig()
+        self._context: Any = None  # a Qwen3-ASR's context of the session's prompt (and the server's hotwords)
         self._received = 0.0  # seconds of audio appended in the whole session (the flood policy)
         self._pending = 0.0  # seconds appended since the last commit or clear
         self._manual: list[np.ndarray] = []  # turn_detection null: 16 kHz audio awaiting a commit
@@ -140,6 +141,11 @@ class RealtimeConnection(StreamConnection):
 
     async def _update(self, data: dict[str, Any]) -> None:
         config = apply_update(self.config, data, self.app.engine.model.manifest.languages)
+        if config.prompt != self.config.prompt and self.app.engine.qwen3:  # its prompt's context; CTC: unused
+            try:
+                self._context = self.app.hotword_graph((), config.prompt) if config.prompt else None
+            except ProtocolError as exc:
+                raise EventError(str(exc), param="session.audio.input.transcription.prompt") from None
         if config.rate != self.config.rate or config.turn_detection != self.config.turn_detection:
             await self._flush(commit=True)  # what was said under the old settings becomes items now
             self.config = config
@@ -267,7 +273,8 @@ class RealtimeConnection(StreamConnection):
         return error_event(message, code, kind="server_error" if code == "internal_error" else "invalid_request_error")
 
     def _job_options(self) -> dict[str, Any]:
-        return {"deliver": self._on_result, "language": self.config.language, "hotwords": self.app.server_hotword_graph}
+        return {"deliver": self._on_result, "language": self.config.language,
+                "hotwords": self._context or self.app.server_hotword_graph}
 
     def _partial_item(self, job: Job, transcript: Any) -> _Partial:
         return _Partial(job.segment, transcript.text)

@@ -127,10 +127,11 @@ class Server:
     def provider(self) -> str:
         return self.engine.provider if self.ready else "loading"
 
-    def hotword_graph(self, words: tuple[Hotword, ...]) -> Any:
-        """A stream's ContextGraph: the server's hotwords and its own (None: none, greedy decoding)."""
+    def hotword_graph(self, words: tuple[Hotword, ...], prompt: str = "") -> Any:
+        """A stream's ContextGraph (a Qwen3-ASR's Qwen3Context): the server's hotwords and its own, and an
+        OpenAI request's `prompt` for a model that takes one (None: none, greedy decoding as trained)."""
         merged = merge_hotwords(self.hotwords, words)
-        return self.engine.hotword_graph(merged) if merged else None
+        return self.engine.hotword_graph(merged, prompt) if merged or prompt else None
 
     @functools.cached_property
     def server_hotword_graph(self) -> Any:

@@ -1,6 +1,7 @@
 """`python -m export qwen3-asr --checkpoint` and `python -m export pull qwen3-asr-0.6b`, on the tiny fixture's
-weights written in the released layout (Qwen/Qwen3-ASR-0.6B on Hugging Face: config.json with a
-thinker_config, model.safetensors with `thinker.*` keys, vocab.json, tokenizer_config.json's added tokens).
+weights written in the released layout (tests/qwen3_released.py: Qwen/Qwen3-ASR-0.6B's config.json with a
+thinker_config, model.safetensors with `thinker.*` keys, vocab.json, merges.txt, tokenizer_config.json's
+added tokens).
 
 The fixture (tests/fixtures/qwen3, made by make_qwen3_fixture.py with the `qwen-asr` package) holds the
 reference model's state_dict and its greedy tokens on three clips; the exported graphs must decode the same.
@@ -22,30 +23,9 @@ from pipeline import catalog
 from pipeline.catalog import QWEN3_ASR_0_6B, HubFile
 from pipeline.modeldir import read_model_directory
 from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
+from qwen3_released import CONFIG, FIXTURE, SPECIAL, released_files
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "qwen3"
-CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))
 REFERENCE = np.load(FIXTURE / "reference.npz")
-SPECIAL = {249: "<asr_text>", 250: "<|im_start|>", 251: "<|im_end|>", 252: "<|endoftext|>", 253: "<|audio_start|>",
-           254: "<|audio_end|>", 255: "<|audio_pad|>"}  # the tiny preset's prompt ids (models/qwen3_asr.py)
-# The template's words, and those of "language <Name>": "Cantonese" is two tokens here, so it cannot be forced.
-WORDS = {10: "system", 11: "user", 12: "assistant", 13: "Ċ", 20: "language", 21: "ĠEnglish", 22: "ĠChinese",
-         23: "ĠCant", 24: "onese"}
-
-
-def released_files() -> dict[str, bytes]:
-    """The tiny reference model as Qwen lays out Qwen3-ASR-0.6B (weights in float32 here, bf16 there)."""
-    from safetensors.torch import save
-
-    dims = CONFIG["dims"]
-    config = {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr",
-              "thinker_config": {"audio_config": dims["audio"], "text_config": dims["text"],
-                                 "audio_token_id": dims["prompt"]["audio_token_id"]}}
-    state = torch.load(FIXTURE / "model.pt", map_location="cpu", weights_only=True)
-    vocab = {WORDS.get(i, f"t{i}"): i for i in range(249)}
-    added = {str(i): {"content": text, "special": True} for i, text in SPECIAL.items()}
-    return {"config.json": json.dumps(config).encode(), "model.safetensors": save(state),
-            "vocab.json": json.dumps(vocab).encode(), "tokenizer_config.json": json.dumps({"added_tokens_decoder": added}).encode()}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +63,16 @@ def test_checkpoint_exports_the_reference_model(checkpoint, tmp_path):
     directory = read_model_directory(out)
     assert directory.manifest.source["kind"] == "checkpoint"
     prompt = dict(directory.manifest.dimensions["prompt"])  # looked up by token text
-    assert prompt.pop("languages") == {"zh": [20, 22, 249], "en": [20, 21, 249]}
-    assert prompt == CONFIG["dims"]["prompt"] and set(directory.manifest.languages) == {"auto", "zh", "en"}
+    languages = prompt.pop("languages")  # every language: its name encoded with the checkpoint's merges
+    assert len(languages) == 30 and languages["zh"] == [20, 22, 249] and languages["en"] == [20, 21, 249]
+    assert languages["yue"] == [20, 23, 24, 249]  # " Cantonese" is " Cant" + "onese" here
+    # the added tokens; written as nothing: the special ones (all but <asr_text>); room for a context
+    assert prompt.pop("added_ids") == sorted(SPECIAL) and prompt.pop("special_ids") == sorted(set(SPECIAL) - {249})
+    assert prompt.pop("context_tokens") == 128 and prompt.pop("context_at") == 3
+    assert prompt == {k: CONFIG["dims"]["prompt"][k] for k in ("prefix", "suffix", "audio_token_id", "eos_token_ids")}
+    assert set(directory.manifest.languages) == {"auto", *languages}
     assert [directory.tokens[i] for i in SPECIAL] == list(SPECIAL.values()) and directory.tokens[13] == "Ċ"
+    assert (out / "merges.txt").read_bytes() == (checkpoint / "merges.txt").read_bytes()  # to encode hotwords
     fp32 = decoder(out, "fp32")
     for clip in CONFIG["clips"]:
         assert fp32.decode(clip_audio(clip)).tokens == REFERENCE[f"tokens_{clip}"].tolist(), clip

@@ -156,4 +156,5 @@ def test_cli_refuses_hotwords_for_a_paraformer(paraformer_model_dir, tmp_path, c
     path.write_text("的\n", encoding="utf-8")  # a word its vocabulary can spell
     assert cli_main(["--model", str(paraformer_model_dir), "--hotwords", str(path)]) == 2
     assert capsys.readouterr().err.strip() == (f"unipad: error: --hotwords {path}: hotwords need a CTC model "
-                                               "(SenseVoice); this model is a Paraformer; serve it without --hotwords")
+                                               "(SenseVoice) or Qwen3-ASR; this model is a Paraformer; serve it "
+                                               "without --hotwords")
