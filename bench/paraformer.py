@@ -46,9 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", default=",".join(f"{x:g}" for x in DEFAULT_LENGTHS), help="clip seconds")
     parser.add_argument("--containers", type=parse_containers, help="audio containers, seconds (default: the CPU's)")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    parser.add_argument("--spin-us", type=int, default=0, help="ours: intra-op spinning in microseconds "
+                        "(EngineOptions.cpu_spin_us; default 0, never, as the server runs)")
     parser.add_argument("--peer-python", type=Path, default=PEER_PYTHON, help=f"a Python with funasr_onnx "
                         f"(default {PEER_PYTHON})")
-    parser.add_argument("--peer-threads", type=int, help="the peer's intra_op_num_threads (default: --threads)")
+    parser.add_argument("--peer-threads", type=int, help="the intra_op_num_threads passed to funasr_onnx's Paraformer "
+                        "(default: none passed, its own default, 4)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--save", type=Path, help="also write the JSON here")
@@ -58,14 +61,14 @@ class FunasrOnnxPeer:
     """funasr_onnx.Paraformer in its own process (bench/funasr_onnx_peer.py); call it with a clip's .npy path
     for (wall, CPU) seconds of one call, timed there."""
 
-    def __init__(self, python: Path, peer: Path, precision: str, threads: int) -> None:
+    def __init__(self, python: Path, peer: Path, precision: str, threads: int | None) -> None:
         read_peer_info(peer)  # ModelLoadError when it is not a peer directory
         if not python.exists():
             raise UnipadError(f"{python}: no such Python; make one with funasr_onnx (docs/benchmarks.md) or pass "
                               "--peer-python")
+        threads_option = [] if threads is None else ["--threads", str(threads)]
         self.process = subprocess.Popen([str(python), str(PEER_SCRIPT), str(peer), "--precision", precision,
-                                         "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True)
+                                         *threads_option], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.load_seconds = self._answer()["ready"]
 
     def _answer(self) -> dict:
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 def run_precision(args: argparse.Namespace, precision: str, lengths: list[float], result: dict, scratch: str) -> None:
     """Load the engine (and the peer) in `precision` and time every length into result["precisions"]."""
     engine = Engine(args.model, EngineOptions(device="cpu", precision=precision, containers=args.containers,
-                                              threads=args.threads)).load()
+                                              threads=args.threads, cpu_spin_us=args.spin_us)).load()
     stats = engine.stats
     part: dict = {"containers": list(engine.containers), "decoder_shapes": len(engine._decoder.sessions),
                   "load_seconds": round(stats.load_seconds, 2),
@@ -133,10 +136,9 @@ def run_precision(args: argparse.Namespace, precision: str, lengths: list[float]
                   "ours": {}, "peer": {}, "ratio": {}, "ours_cpu": {}, "peer_cpu": {}, "ratio_cpu": {}, "tokens": {}}
     say(f"[{precision}] engine: containers {part['containers']} s, {part['decoder_shapes']} decoder shapes, "
         f"loaded and warmed in {part['load_seconds']} s, {part['rss_mib']} MiB resident memory added")
-    peer = (FunasrOnnxPeer(args.peer_python, args.peer, precision, args.peer_threads or args.threads)
-            if args.peer else None)
+    peer = FunasrOnnxPeer(args.peer_python, args.peer, precision, args.peer_threads) if args.peer else None
     if peer is not None:
-        part["peer_load_seconds"] = peer.load_seconds
+        part["peer_load_seconds"], part["peer_threads"] = peer.load_seconds, args.peer_threads or "funasr_onnx default"
     for seconds in lengths:
         audio, key = speech_audio(seconds), f"{seconds:g}"
         ours = lambda: engine.infer([Clip(audio)])  # noqa: E731 - timed closures

@@ -131,7 +131,8 @@ class Engine:
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
-                                 self.options.allow_tf32, self.options.dml_performance_preference)
+                                 self.options.allow_tf32, self.options.dml_performance_preference,
+                                 cpu_spin_us=self.options.cpu_spin_us)
         if self.qwen3:  # a ladder of whole attention windows, three graphs each (pipeline/qwen3_engine.py)
             self._sessions, self._qwen3_shapes = build_qwen3(self.model, precision, config, self.options)
             self.policy = ShapePolicy(tuple(samples_to_seconds(size) for size in self._qwen3_shapes))

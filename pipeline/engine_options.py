@@ -27,6 +27,7 @@ class EngineOptions:
     share_weights: bool = True
     # A Paraformer decoder's token containers; None: the device's default (pipeline/shapes.py)
     token_containers: tuple[int, ...] | None = None
+    cpu_spin_us: int = 0  # CPU: intra-op threads spin up to this long before sleeping; 0: never (providers.py)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -37,8 +38,8 @@ class EngineOptions:
             ShapePolicy(self.containers)  # raises ValueError when invalid
         if self.batch_sizes is not None:
             object.__setattr__(self, "batch_sizes", validate_batch_sizes(self.batch_sizes))
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.threads < 0 or self.cpu_spin_us < 0:
+            raise ValueError(f"threads and cpu_spin_us must be >= 0, got {self.threads} and {self.cpu_spin_us}")
         if self.token_containers is not None and (not self.token_containers or min(self.token_containers) < 1):
             raise ValueError(f"token containers must be positive row counts, got {self.token_containers}")
 
