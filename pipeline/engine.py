@@ -9,7 +9,8 @@
                     every free dimension fixed; on CPU the weights are loaded once and shared
         Paraformer  two stages (pipeline/paraformer_stages.py): the grid runs encoder + CIF; then the decoder
                     on the token container that holds the CIF count, one session per (container, token
-                    container), all created and warmed with the grid
+                    container), all created and warmed with the grid; on the CPU open shapes instead
+                    (pipeline/shapes.py): each clip at its own length, only the largest container warmed
         warm-up     each session runs once with exactly its shape before the engine is ready
     engine.infer([Clip], topk=False, full=False) -> [ClipOutput]   clips grouped by container, packed
                 into the grid's batches; a clip's output does not depend on its batch-mates
@@ -25,7 +26,7 @@ Graphs with in-graph decoding (pipeline/modeldir.py) return per-frame best ids a
 receives the full [frames, vocab] log-probs only when a caller asks (`full=True`, run()).
 The engine is synchronous and thread-confined: the server calls it from its one worker thread.
 A call whose padded shape no session was warmed with is refused (UnwarmedShapeError) and counted: on
-DirectML it would compile throwaway kernels on every such call.
+DirectML it would compile throwaway kernels on every such call (open shapes on the CPU run, counted as cold).
 Errors: ModelLoadError (directory, graph), ProviderError (explicit device), InferenceError (a run),
 ProtocolError code "bad_start" (a language the model does not know; the server should check it with
 `language_id` when a stream starts).
@@ -46,17 +47,19 @@ from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_s
                        planned_run, unpack)
 from .beam_search import DEFAULT_BEAM, beam_search
 from .decoding import Transcript, decode_ids
+from . import recovery
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
 from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision, default_containers,
-                             default_token_containers)
+                             one_session_per_graph, shape_plan)
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
 from .qwen3_context import ContextEncoder, Qwen3Context, read_contexts
 from .qwen3_engine import ARCHITECTURE as QWEN3, build_qwen3, transcribe_qwen3, warm_up_qwen3
 from .providers import PROVIDERS, SessionRunner, devices_to_try, is_device_failure, provider_config
-from .sessions import create_session, footprint, load_shared_weights, process_rss, release_free_memory, runner_on
+from .sessions import (create_session, footprint, load_shared_weights, open_runner, process_rss, release_free_memory,
+                       runner_on)
 from .shapes import ShapePolicy, format_containers
 
 __all__ = ["PRECISION_CHOICES", "WARMUP_FILL", "Engine", "EngineOptions", "EngineStats", "choose_precision",
@@ -130,7 +133,8 @@ class Engine:
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
         config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
-                                 self.options.allow_tf32, self.options.dml_performance_preference)
+                                 self.options.allow_tf32, self.options.dml_performance_preference,
+                                 cpu_spin_us=self.options.cpu_spin_us)
         if self.qwen3:  # a ladder of whole attention windows, three graphs each (pipeline/qwen3_engine.py)
             self._sessions, self._qwen3_shapes = build_qwen3(self.model, precision, config, self.options)
             self.policy = ShapePolicy(tuple(samples_to_seconds(size) for size in self._qwen3_shapes))
@@ -139,12 +143,12 @@ class Engine:
                      ", ".join(self.model.manifest.graphs[precision].values()),
                      format_containers(self.policy.containers))
             return
-        policy = ShapePolicy(self.options.containers or default_containers(device, self.model.manifest.architecture))
+        policy, ladder = shape_plan(self.options, device, self.model.manifest.architecture)
         # A Paraformer runs one clip per call: its CIF rows' independence in a batch is not verified yet.
         batch_sizes = (1,) if self.paraformer else choose_batch_sizes(self.options.batch_sizes, device, precision)
         grid = [(b, size) for size in policy.sizes for b in batch_sizes]
         # A Paraformer on the CPU: one prepacked session per graph serves the grid (sessions.runner_on).
-        one_session = self.paraformer and self.options.share_weights and device == "cpu"
+        one_session = one_session_per_graph(self.options, device, self.model.manifest.architecture)
         if self.options.share_weights and device == "cpu" and len(grid) > 1 and not one_session:
             self._shared = load_shared_weights(path)
             self.stats.shared_weight_bytes = sum(a.nbytes for a, _ in self._shared.values())
@@ -170,9 +174,9 @@ class Engine:
             self._shared, self.stats.shared_weight_bytes = {}, 0
             sessions = {key: create(*key) for key in grid}
         if self.paraformer:
-            self._decoder = DecoderGrid.build(self.model.onnx_path(precision, decoder=True), policy.sizes,
-                                              self.options.token_containers or default_token_containers(device),
-                                              config, self.options.threads, one_session, self.options.device_id or 0)
+            self._decoder = DecoderGrid.build(self.model.onnx_path(precision, decoder=True), policy.sizes, ladder, config,
+                                              self.options.threads, one_session, self.options.device_id or 0,
+                                              self.stats if policy.step else None)
         self._sessions, self.policy, self.batch_sizes = sessions, policy, batch_sizes
         self.device, self.provider, self.precision = device, config.provider, precision
         first = next(iter(sessions.values()))
@@ -347,6 +351,8 @@ class Engine:
 
     def _run_batch(self, run: Run, feed: dict[str, np.ndarray], topk: bool, full: bool) -> dict[str, np.ndarray]:
         session = self._sessions.get((run.batch, run.size))
+        if session is None and self.policy.step:  # an open shape (CPU): the one session runs it
+            session = open_runner(self._sessions, (run.batch, run.size), run.batch, run.size, self.stats)
         if session is None or not session.warmed:
             self._refuse_unwarmed(f"{run.batch} x {run.size} samples", ",".join(f"{b}x{s}" for b, s in self._sessions),
                                   samples=run.size, batch=run.batch)
@@ -399,7 +405,7 @@ class Engine:
             # where a fresh session frees a poisoned arena. The retry runs with recover=False: one rebuild
             # per call.
             if recover and not warming and is_device_failure(exc):
-                return self._recover(session, feed, names, exc)
+                return recovery.recover(self, session, feed, names, exc)
             raise InferenceError(f"inference on {self.provider} failed: {exc}", container=session.size,
                                  batch=session.batch) from exc
         elapsed = time.perf_counter() - t
@@ -408,22 +414,3 @@ class Engine:
             self.stats.last_inference_seconds = elapsed
             self.stats.last_container, self.stats.last_batch = session.size, session.batch
         return outputs
-
-    def _recover(self, failed: SessionRunner, feed: dict[str, np.ndarray], names: tuple[str, ...],
-                 exc: Exception) -> list[np.ndarray]:
-        """The device failed mid-run: rebuild on the same device, else on CPU, then retry this call once
-        (a rebuilt grid without this shape, e.g. int8 on CPU after a GPU loss, fails the call: the worker
-        then retries clip by clip)."""
-        log.error("%s failed (%s); rebuilding", self.provider, exc)
-        decoder_key = self._decoder.key_of(failed) if self._decoder is not None else None
-        try:
-            self.rebuild()
-        except Exception as again:  # noqa: BLE001 - any failure here means the device is gone
-            log.error("rebuilding on %s failed (%s); continuing on CPU", self.device, again)
-            self.rebuild("cpu")
-        session = (self._decoder.sessions.get(decoder_key) if decoder_key is not None and self._decoder is not None
-                   else self._sessions.get((failed.batch, failed.size)))
-        if session is None:
-            raise InferenceError(f"inference failed and the rebuilt engine has no {failed.batch} x {failed.size} "
-                                 f"session") from exc
-        return self._infer(session, feed, names, recover=False)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from .batching import validate_batch_sizes
 from .providers import DEVICES
 from .shapes import (DEFAULT_CPU_CONTAINERS, DEFAULT_CPU_TOKEN_CONTAINERS, DEFAULT_GPU_CONTAINERS,
-                     DEFAULT_PARAFORMER_CPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, ShapePolicy)
+                     DEFAULT_PARAFORMER_CPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, OPEN_STEP, ShapePolicy)
 
 PRECISION_CHOICES = ("auto", "fp32", "int8", "fp16")
 
@@ -27,6 +27,7 @@ class EngineOptions:
     share_weights: bool = True
     # A Paraformer decoder's token containers; None: the device's default (pipeline/shapes.py)
     token_containers: tuple[int, ...] | None = None
+    cpu_spin_us: int = 0  # CPU: intra-op threads spin up to this long before sleeping; 0: never (providers.py)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -37,8 +38,8 @@ class EngineOptions:
             ShapePolicy(self.containers)  # raises ValueError when invalid
         if self.batch_sizes is not None:
             object.__setattr__(self, "batch_sizes", validate_batch_sizes(self.batch_sizes))
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.threads < 0 or self.cpu_spin_us < 0:
+            raise ValueError(f"threads and cpu_spin_us must be >= 0, got {self.threads} and {self.cpu_spin_us}")
         if self.token_containers is not None and (not self.token_containers or min(self.token_containers) < 1):
             raise ValueError(f"token containers must be positive row counts, got {self.token_containers}")
 
@@ -49,7 +50,9 @@ class EngineStats:
 
     calls: int = 0  # session runs that were attempted (one per batch)
     failures: int = 0  # runs that raised InferenceError (the unwarmed ones included)
-    unwarmed_calls: int = 0
+    unwarmed_calls: int = 0  # runs refused: a shape no session was warmed with (accelerators; 0 in service)
+    # runs at a shape met for the first time in service (CPU open shapes, pipeline/shapes.py): run, not refused
+    cold_shape_calls: int = 0
     rebuilds: int = 0
     rows: int = 0  # clips run
     spare_rows: int = 0  # padding rows of partly filled batches
@@ -91,3 +94,18 @@ def default_containers(device: str, architecture: str = "sensevoice") -> tuple[f
 
 def default_token_containers(device: str) -> tuple[int, ...]:
     return DEFAULT_CPU_TOKEN_CONTAINERS if device == "cpu" else DEFAULT_TOKEN_CONTAINERS
+
+
+def one_session_per_graph(options: EngineOptions, device: str, architecture: str) -> bool:
+    """Whether one prepacked session per graph serves every shape (a Paraformer on the CPU, sessions.runner_on)."""
+    return architecture == "paraformer" and options.share_weights and device == "cpu"
+
+
+def shape_plan(options: EngineOptions, device: str, architecture: str) -> tuple[ShapePolicy, tuple[int, ...]]:
+    """The shapes the engine warms on `device` (pure, so tests check a device's plan without the device): the
+    audio containers, open or not (pipeline/shapes.py; only where one session serves every shape, unless
+    containers or token containers are given), and a Paraformer decoder's token ladder (() when open: each
+    warmed container's frames + 1 only)."""
+    opened = one_session_per_graph(options, device, architecture) and options.containers is None and not options.token_containers
+    policy = ShapePolicy(options.containers or default_containers(device, architecture), OPEN_STEP if opened else 0)
+    return policy, () if opened else options.token_containers or default_token_containers(device)

@@ -9,6 +9,9 @@
                 that container's encoder output.
     sessions    on GPUs a session per shape; on the CPU one session per graph serves every shape, each
                 shape warmed through its own runner (pipeline/sessions.py runner_on)
+    open        on the CPU by default (pipeline/shapes.py): stage one at the clip's length, the decoder on
+                its count rounded up to 4 rows; only the largest container's frames + 1 rows are warmed,
+                other shapes get a runner on first use (sessions.open_runner, counted as cold)
 
 Every decoder row depends only on its own embedding, the encoder output and the FSMN window over the
 masked rows, so K changes no valid row: fp32 within float rounding of the old single graph, int8
@@ -28,8 +31,8 @@ from .audio import encoder_frames, samples_to_seconds
 from .modeldir import PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
 from .paraformer_decoding import ParaformerOutput
 from .providers import ProviderConfig, SessionRunner
-from .sessions import create_session, runner_on
-from .shapes import token_containers
+from .sessions import create_session, open_runner, runner_on
+from .shapes import open_token_container, token_containers
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +57,11 @@ class DecoderGrid:
     """Stage two's runners."""
 
     sessions: dict[Key, SessionRunner]
+    stats: object = None  # open shapes: the engine's EngineStats, which counts their first runs
 
     @classmethod
     def build(cls, path: Path, sizes: tuple[int, ...], ladder: tuple[int, ...], config: ProviderConfig,
-              threads: int, one_session: bool, device_id: int) -> DecoderGrid:
+              threads: int, one_session: bool, device_id: int, stats: object = None) -> DecoderGrid:
         """A runner for every (container, token container) pair: on one session (the CPU, see
         sessions.runner_on) or one session each; ModelLoadError/ProviderError."""
         keys = [(size, k) for size in sizes for k in token_containers(encoder_frames(size), ladder)]
@@ -70,14 +74,18 @@ class DecoderGrid:
         log.info("paraformer decoder: %d shapes (token containers %s)", len(sessions),
                  "; ".join(f"{samples_to_seconds(size):g} s: {','.join(str(k) for s, k in sessions if s == size)}"
                            for size in sizes))
-        return cls(sessions)
+        return cls(sessions, stats)
 
     @property
     def warmed(self) -> bool:
         return all(s.warmed for s in self.sessions.values())
 
     def session_for(self, size: int, count: int) -> tuple[Key, SessionRunner | None]:
-        """The session for `count` tokens of a clip in the `size` container (None when there is none)."""
+        """The session for `count` tokens of a clip in the `size` container (None when there is none); with
+        open shapes one made on first use."""
+        if self.stats is not None:
+            key = (size, open_token_container(count, encoder_frames(size)))
+            return key, self.sessions.get(key) or open_runner(self.sessions, key, 1, size, self.stats)
         containers = tuple(k for s, k in self.sessions if s == size)
         key = (size, container_for(count, containers) if containers else count)
         return key, self.sessions.get(key)

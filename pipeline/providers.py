@@ -117,6 +117,7 @@ def provider_config(
     allow_tf32: bool = False,
     dml_performance_preference: str = "high_performance",
     dml_device_filter: str = "gpu",
+    cpu_spin_us: int = 0,
 ) -> ProviderConfig:
     """Session settings for one concrete device ("cpu", "cuda" or "directml"), per ONNX Runtime's docs."""
     cpu = PROVIDERS["cpu"]
@@ -124,7 +125,12 @@ def provider_config(
         # No spinning: idle intra-op threads busy-wait by default, which on a few shared cores steals the
         # CPU from the event loop and the other containers' sessions (measured with bench on 2 busy
         # cores: a 15 s int8 run 0.49-0.55 s without spinning, 1.0-1.16 s with it; docs/benchmarks.md).
-        return ProviderConfig(device, (cpu,), ({},), session_config={"session.intra_op.allow_spinning": "0"})
+        # `cpu_spin_us` > 0 spins that long at most and never past the end of a run (a quiet machine's choice).
+        if not cpu_spin_us:
+            return ProviderConfig(device, (cpu,), ({},), session_config={"session.intra_op.allow_spinning": "0"})
+        return ProviderConfig(device, (cpu,), ({},), session_config={
+            "session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": str(cpu_spin_us),
+            "session.force_spinning_stop": "1"})
     if device == "cuda":
         options = {"device_id": str(device_id or 0), "use_tf32": "1" if allow_tf32 else "0"}
         if cuda_graph:

@@ -117,6 +117,15 @@ def runner_on(runner: SessionRunner, batch: int, size: int) -> SessionRunner:
     return SessionRunner(runner.session, batch, size, runner.config, runner.device_id)
 
 
+def open_runner(runners: dict, key: tuple, batch: int, size: int, stats) -> SessionRunner:
+    """A runner for a shape no one warmed, on the one session all of `runners` share (open shapes, CPU only:
+    pipeline/shapes.py), kept in `runners` under `key` and counted in stats.cold_shape_calls."""
+    runner = runners[key] = runner_on(next(iter(runners.values())), batch, size)
+    runner.warmed = True  # the CPU provider compiles nothing for a shape: its first run is an ordinary run
+    stats.cold_shape_calls += 1
+    return runner
+
+
 def check_signature(session: ort.InferenceSession, path: Path, architecture: str, graph: str = "",
                     fixed: bool = True) -> None:
     inputs = {i.name: i.shape for i in session.get_inputs()}

@@ -9,22 +9,30 @@ the output (see docs and tests/pipeline/test_engine.py); the choice of container
   recompiles on every other shape, so a single static shape is the design card; CUDA graphs need it too.
 - CPU: a ladder. The CPU provider pays nothing for a new shape, and a short clip in a short container is
   simply less arithmetic, so partial results of a few seconds stay cheap.
+- CPU, Paraformer: open shapes (ShapePolicy.step). A clip runs at its own length rounded up to a whole
+  encoder frame (960 samples), the decoder at its token count rounded up to 4 rows; only the largest
+  container is warmed (it sizes the memory arena). ONNX Runtime's CPU provider compiles nothing per shape
+  (measured, docs/benchmarks.md: a shape's first run costs what its second does, within noise), and the
+  padding never shows, so an unwarmed CPU shape gives the output of the warmed container that holds it
+  (tests/pipeline/test_paraformer_stages.py). Such runs are counted as cold_shape_calls, never refused;
+  accelerators keep their few warmed shapes and refuse every other (unwarmed_calls).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .audio import SAMPLE_RATE, samples_to_seconds
+from .audio import OUTPUT_FRAME_SHIFT, SAMPLE_RATE, samples_to_seconds
 
 DEFAULT_GPU_CONTAINERS: tuple[float, ...] = (30.0,)
 # Measured (docs/benchmarks.md): a 1.5-2 s utterance or partial costs half in a 2 s container what it
 # costs in a 4 s one, and the finer ladder doubled the streams one CPU carries.
 DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-# A Paraformer on the CPU runs one session per graph for all its shapes (pipeline/sessions.py runner_on),
-# so a rung costs only its warm-up: a rung every second keeps the padding under 1 s (a 29 s clip in a 30 s
-# container was 3-4 % slower than FunASR's export at its exact length; docs/benchmarks.md, issue 26). The
-# price is load time: 33 s instead of 13 s for the full-size int8 model.
-DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = tuple(float(s) for s in range(1, 31))
+# A Paraformer on the CPU runs one session per graph for all its shapes (pipeline/sessions.py runner_on) and
+# every clip at its own length (OPEN_STEP): the one warmed container is the largest, which sizes the arena.
+# (It warmed a container every second, 598 decoder shapes: 31-34 s to be ready, issue 37.)
+DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = (30.0,)
+OPEN_STEP = OUTPUT_FRAME_SHIFT  # samples: one encoder frame, so a clip's padding is under 60 ms
+OPEN_TOKEN_STEP = 4  # decoder rows: a step keeps the shapes few (ONNX Runtime plans memory per shape)
 # Token containers of a Paraformer's decoder (pipeline/paraformer_stages.py): the CIF count picks the
 # smallest that holds it; each audio container adds its own frames + 1, which holds any count. GPUs hold
 # a session (and its weights) per token container, so their ladder is coarse; the CPU's rungs cost only
@@ -45,6 +53,9 @@ class ShapePolicy:
     """
 
     containers: tuple[float, ...]
+    # Open shapes (CPU only, see the module doc): > 0 runs a clip at its length rounded up to a multiple of
+    # `step` samples, up to the largest container; 0 runs it in the smallest container that holds it.
+    step: int = 0
 
     def __post_init__(self) -> None:
         containers = tuple(float(c) for c in self.containers)
@@ -59,6 +70,8 @@ class ShapePolicy:
                 raise ValueError(f"container {c:g} s is not a whole number of samples at {SAMPLE_RATE} Hz")
         if any(b <= a for a, b in zip(containers, containers[1:])):
             raise ValueError(f"containers must be strictly increasing, got {format_containers(containers)}")
+        if self.step < 0 or (self.step and self.sizes[-1] % self.step):
+            raise ValueError(f"open shapes: the largest container must be a whole number of {self.step}-sample steps")
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -78,6 +91,8 @@ class ShapePolicy:
         """
         if n_samples < 0:
             raise ValueError(f"negative clip length {n_samples}")
+        if self.step and n_samples <= self.largest:
+            return max(1, -(-n_samples // self.step)) * self.step
         for size in self.sizes:
             if n_samples <= size:
                 return size
@@ -98,6 +113,11 @@ def parse_containers(text: str) -> tuple[float, ...]:
 
 def format_containers(containers: tuple[float, ...]) -> str:
     return ",".join(f"{c:g}" for c in containers)
+
+
+def open_token_container(count: int, frames: int) -> int:
+    """An open shape's token rows (ShapePolicy.step): `count` rounded up to OPEN_TOKEN_STEP, at most frames + 1."""
+    return min(max(1, -(-count // OPEN_TOKEN_STEP)) * OPEN_TOKEN_STEP, frames + 1)
 
 
 def token_containers(frames: int, ladder: tuple[int, ...] = DEFAULT_TOKEN_CONTAINERS) -> tuple[int, ...]:

@@ -47,8 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="auto, cpu, cuda or directml (default: $INFERENCE_DEVICE, else auto)")
     p.add_argument("--precision", default=d.precision, help="auto, fp32, int8 or fp16")
     p.add_argument("--containers", type=_containers, default=None,
-                   help="container lengths in seconds, e.g. 1,2,4,8,15,30 (default: that ladder on CPU, 30 on GPUs)")
+                   help="container lengths in seconds, e.g. 1,2,4,8,15,30 (default: that ladder on CPU, 30 on GPUs; "
+                        "a Paraformer on the CPU runs each segment at its own length unless this is given)")
     p.add_argument("--threads", type=int, default=d.threads, help="ONNX Runtime threads (0: one per core)")
+    p.add_argument("--cpu-spin-us", type=int, default=d.cpu_spin_us,
+                   help="CPU: let idle ONNX Runtime threads spin this many microseconds within a run before they "
+                        "sleep (faster on cores of its own, slower on busy shared ones; 0: never)")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=None,
                    help="rows per model run, e.g. 1,4,16 (default: that on GPUs, 1 on CPU; int8 always 1)")
     p.add_argument("--cost-table", type=Path, default=None,

@@ -40,6 +40,7 @@ class ServerConfig:
     precision: str = "auto"  # auto (int8 on CPU, fp16 on GPUs, when exported), fp32, int8, fp16
     containers: tuple[float, ...] | None = None  # container lengths in seconds; None: the engine's default
     threads: int = 0  # ONNX Runtime intra-op threads; 0: one per physical core
+    cpu_spin_us: int = 0  # CPU: intra-op threads spin up to this long between operators; 0: never (shared cores)
     batch_sizes: tuple[int, ...] | None = None  # rows per model run; None: the engine's default (1,4,16 GPU; 1 CPU)
     cost_table: Path | None = None  # `bench model --save` output: seconds per (batch, container); None: modelled
     cuda_graph: bool = False  # CUDA: capture and replay each session's graph
@@ -126,6 +127,7 @@ def validate_config(config: ServerConfig) -> ServerConfig:
         check(max(config.containers) >= longest, f"--containers: the largest must hold a whole segment "
               f"({longest:g} s of audio), got {format_containers(config.containers)}")
     check(config.threads >= 0, f"--threads must be >= 0, got {config.threads}")
+    check(config.cpu_spin_us >= 0, f"--cpu-spin-us must be >= 0, got {config.cpu_spin_us}")
     if config.batch_sizes is not None:
         try:
             validate_batch_sizes(config.batch_sizes)

@@ -40,8 +40,12 @@ class Metrics:
             registry=r,
         )
         self.unwarmed_shape_calls = Gauge(
-            "unipad_unwarmed_shape_calls", "Model runs at a shape no session was warmed with (should stay 0)",
+            "unipad_unwarmed_shape_calls", "Model runs refused: a shape no session was warmed with (should stay 0)",
             registry=r,
+        )
+        self.cold_shape_calls = Gauge(
+            "unipad_cold_shape_calls", "CPU runs at a shape met for the first time (run, not refused: the CPU "
+            "compiles nothing per shape; a Paraformer runs each clip at its own length)", registry=r,
         )
         self.errors = Counter("unipad_errors", "Error messages sent to clients", ["code"], registry=r)
         self.sessions_dropped = Counter(

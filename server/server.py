@@ -74,7 +74,7 @@ def engine_options(config: ServerConfig) -> EngineOptions:
     return EngineOptions(device=resolve_device(config.device), precision=config.precision,
                          containers=config.containers, threads=config.threads, batch_sizes=config.batch_sizes,
                          cuda_graph=config.cuda_graph, allow_tf32=config.allow_tf32,
-                         share_weights=config.share_weights)
+                         share_weights=config.share_weights, cpu_spin_us=config.cpu_spin_us)
 
 
 def fit_segments(options: SegmenterOptions, manifest: ModelManifest) -> SegmenterOptions:

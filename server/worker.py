@@ -282,6 +282,7 @@ class Worker:
 
     def _update_unwarmed(self) -> None:
         self.metrics.unwarmed_shape_calls.set(unwarmed_shape_calls(self.engine))
+        self.metrics.cold_shape_calls.set(int(getattr(self.engine.stats, "cold_shape_calls", 0)))
         rebuilds = int(getattr(self.engine.stats, "rebuilds", 0))
         if rebuilds > self._rebuilds:  # the engine counts; the metric follows (a counter only goes up)
             self.metrics.engine_rebuilds.inc(rebuilds - self._rebuilds)

@@ -45,6 +45,12 @@ def test_cpu_options():
     config = provider_config("cpu")
     assert config.providers == ("CPUExecutionProvider",) and config.provider_options == ({},)
     assert config.enable_mem_pattern and not config.io_binding
+    assert config.session_config == {"session.intra_op.allow_spinning": "0"}  # never spin on shared cores
+    bounded = provider_config("cpu", cpu_spin_us=200).session_config  # spin 200 us at most, never past a run
+    assert bounded == {"session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": "200",
+                       "session.force_spinning_stop": "1"}
+    with pytest.raises(ValueError, match="cpu_spin_us must be >= 0"):
+        EngineOptions(cpu_spin_us=-1)
 
 
 def test_cuda_options():

@@ -12,7 +12,7 @@ from pipeline.batching import Clip
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import UnwarmedShapeError
 from pipeline.paraformer_stages import container_for
-from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS, token_containers
+from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS, OPEN_STEP, token_containers
 
 CONTAINERS = (2.0, 8.0)
 LENGTHS = (0.5, 1.7, 2.0, 4.4, 8.0)
@@ -28,7 +28,7 @@ def test_token_containers_hold_every_count() -> None:
 @pytest.fixture(scope="module", params=["fp32", "int8"])
 def engines(request, paraformer_model_dir):
     """The default token ladder, and a decoder that runs on all frames + 1 rows (the single graph's way)."""
-    options = dict(precision=request.param, containers=CONTAINERS)
+    options = dict(device="cpu", precision=request.param, containers=CONTAINERS)
     return (request.param, Engine(paraformer_model_dir, EngineOptions(**options)).load(),
             Engine(paraformer_model_dir, EngineOptions(**options, token_containers=(10**6,))).load())
 
@@ -81,3 +81,32 @@ def test_without_shared_weights_every_shape_has_its_own_session(paraformer_model
     audio = deterministic_waveform(1.5, seed=3)
     assert engine.transcribe(audio).text and engine.stats.unwarmed_calls == 0
 
+
+
+OPEN_LENGTHS = (0.4, 0.5, 0.77, 1.0, 1.7, 2.0, 3.33, 4.4, 8.0, 12.5, 29.9, 30.0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_cpus_unwarmed_open_shapes_give_the_warmed_containers_output(paraformer_model_dir, precision) -> None:
+    """The CPU's default: each clip at its own length (pipeline/shapes.py open shapes), only the largest
+    container warmed; its output is the output of a warmed ladder's container (1 s rungs, every decoder
+    shape warmed, the former default): same tokens and text, int8 bit-identical, fp32 within rounding."""
+    opened = Engine(paraformer_model_dir, EngineOptions(device="cpu", precision=precision)).load()
+    ladder = tuple(float(s) for s in range(1, 31))
+    warmed = Engine(paraformer_model_dir, EngineOptions(device="cpu", precision=precision, containers=ladder)).load()
+    assert opened.policy.step == OPEN_STEP and opened.containers == (30.0,)
+    assert list(opened._decoder.sessions) == [(seconds_to_samples(30.0), encoder_frames(seconds_to_samples(30.0)) + 1)]
+    for seconds in OPEN_LENGTHS:
+        audio = deterministic_waveform(seconds, seed=int(seconds * 100))
+        ours, reference = opened.infer([Clip(audio)])[0], warmed.infer([Clip(audio)])[0]
+        np.testing.assert_array_equal(ours.token_ids, reference.token_ids)
+        if precision == "int8":
+            np.testing.assert_array_equal(ours.token_logprobs, reference.token_logprobs)
+        else:
+            np.testing.assert_allclose(ours.token_logprobs, reference.token_logprobs, atol=1e-5)
+            np.testing.assert_allclose(ours.peaks, reference.peaks, atol=1e-5)
+        assert opened.transcribe(audio) == warmed.transcribe(audio)
+    # Each length met a stage-one shape and a decoder shape of its own (30.0 s: the warmed stage one), run, not
+    # refused; the second run of a shape is not cold.
+    assert opened.stats.cold_shape_calls == 2 * len(OPEN_LENGTHS) - 1
+    assert opened.stats.unwarmed_calls == 0 and opened.stats.failures == 0 and warmed.stats.cold_shape_calls == 0

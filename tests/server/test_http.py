@@ -219,6 +219,17 @@ def test_cli_share_weights_reaches_the_engine(flags, shared, test_model_dir):
     assert engine_options(config_from_args(args)).share_weights is shared
 
 
+def test_cli_cpu_spin_reaches_the_engine(test_model_dir, capsys):
+    from server.cli import build_parser, config_from_args, main
+    from server.server import engine_options
+
+    for flags, spin in (([], 0), (["--cpu-spin-us", "150"], 150)):
+        args = build_parser().parse_args(["--model", str(test_model_dir), *flags])
+        assert engine_options(config_from_args(args)).cpu_spin_us == spin
+    assert main(["--model", str(test_model_dir), "--cpu-spin-us", "-1"]) == 2
+    assert "--cpu-spin-us must be >= 0" in capsys.readouterr().err
+
+
 async def test_python_dash_m_server_help():
     proc = await asyncio.create_subprocess_exec("python", "-m", "server", "--help", stdout=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()

@@ -10,7 +10,7 @@ import json
 
 from serving import serve_test_server
 from server.protocol import CLOSE_NORMAL, parse_server_message
-from server_testkit import run_stream
+from server_testkit import http_get, run_stream
 
 TOLERANCE = 0.3  # seconds, as the SenseVoice stream test
 
@@ -21,7 +21,12 @@ async def test_paraformer_streams_partials_finals_and_token_times(paraformer_mod
     async with serve_test_server(paraformer_model_dir, partial_interval=0.3) as url:
         assert url.server.worker.engine.model.manifest.architecture == "paraformer"
         result = await run_stream(url, speech.audio, pauses=pauses)
+        _, _, body = await http_get(url.http, "/metrics")
     assert result.close_code == CLOSE_NORMAL
+    # The CPU runs each segment and partial at its own length (open shapes): counted as cold, none refused.
+    values = {line.split()[0]: float(line.split()[1]) for line in body.decode().splitlines()
+              if line.startswith(("unipad_unwarmed_shape_calls ", "unipad_cold_shape_calls "))}
+    assert values["unipad_unwarmed_shape_calls"] == 0 and values["unipad_cold_shape_calls"] > 0
     finals = result.of("final")
     assert [f["segment"] for f in finals] == list(range(len(speech.utterances)))
     for final, utterance in zip(finals, speech.utterances):
