@@ -20,7 +20,8 @@ from pipeline.paraformer_stages import DecoderGrid, decoder_feed
 from pipeline.shapes import token_containers
 
 from .onnx_export import forbidden_ops, non_static_shapes, op_histogram
-from .verify import AgreementBound, ClipOutput, errors, make_session
+from .agreement import AgreementBound, ClipOutput
+from .verify import errors, make_session
 
 # What a faithful int8 keeps (issue 40): the CIF's token count within 5 % of fp32's on every clip (at least
 # one token: a count is a rounded sum of weights), as FunASR's own int8 export of the same weights does.
