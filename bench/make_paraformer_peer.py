@@ -31,10 +31,9 @@ RELEASED_FRONTEND = {"fs": 16000, "window": "hamming", "n_mels": 80, "frame_leng
 STAGES = dict(encoder="SANMEncoder", predictor="CifPredictorV2", decoder="ParaformerSANMDecoder")
 
 
-def funasr_model(dims):
-    """FunASR's Paraformer with the geometry of our ParaformerDimensions (eval mode)."""
-    from funasr.models.paraformer.model import Paraformer
-
+def funasr_conf(dims) -> tuple[dict, dict, dict]:
+    """FunASR's encoder_conf, decoder_conf and predictor_conf for the geometry of our ParaformerDimensions
+    (as a released config.yaml spells them)."""
     encoder_conf = dict(output_size=dims.output_size, attention_heads=dims.attention_heads,
                         linear_units=dims.linear_units, num_blocks=dims.num_blocks, input_layer="pe",
                         pos_enc_class="SinusoidalPositionEncoder", normalize_before=True,
@@ -44,6 +43,14 @@ def funasr_model(dims):
                         kernel_size=dims.decoder_kernel_size, sanm_shfit=dims.decoder_sanm_shift)
     predictor_conf = dict(idim=dims.output_size, threshold=1.0, l_order=dims.predictor_l_order,
                           r_order=dims.predictor_r_order, tail_threshold=dims.tail_threshold)
+    return encoder_conf, decoder_conf, predictor_conf
+
+
+def funasr_model(dims):
+    """FunASR's Paraformer with the geometry of our ParaformerDimensions (eval mode)."""
+    from funasr.models.paraformer.model import Paraformer
+
+    encoder_conf, decoder_conf, predictor_conf = funasr_conf(dims)
     model = Paraformer(encoder=STAGES["encoder"], encoder_conf=encoder_conf, decoder=STAGES["decoder"],
                        decoder_conf=decoder_conf, predictor=STAGES["predictor"], predictor_conf=predictor_conf,
                        ctc_weight=0.0, input_size=dims.input_size, vocab_size=dims.vocab_size)

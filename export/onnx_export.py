@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,10 @@ OPSET = 18  # DirectML runs opset <= 20; 18 is the newest the exporter and every
 EXPORT_SAMPLES = 5 * SAMPLE_RATE  # example length for tracing; the samples axis stays free
 MAX_EXPORT_SAMPLES = 600 * SAMPLE_RATE
 # Operators that defeat fixed-shape serving: control flow, value-dependent shapes, recurrent kernels.
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the torch exporter's record of the module path of each node
+# Never quantised, whatever the recipe: the in-graph frontend's DFT and mel products (models/frontend.py)
+# see int16-scaled samples and power spectra up to 1e13, where 256 levels would erase the quiet bins.
+ALWAYS_FLOAT = ("frontend",)
 FORBIDDEN_OPS = frozenset({"Loop", "If", "Scan", "NonZero", "LSTM", "GRU", "RNN", "Unique", "NonMaxSuppression"})
 
 
@@ -64,15 +70,61 @@ def needs_external_data(model) -> bool:
     return sum(p.numel() * p.element_size() for p in model.state_dict().values()) > 1_800_000_000
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 (QInt8 weights) of MatMul/Gemm only: the CPU precision. Conv stays float (the
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How one family's float graphs become its int8 graphs: onnxruntime's dynamic quantisation of the
+    MatMuls whose weights are constant (activation ranges are taken per call, over the whole tensor; the
+    graphs zero every padded row before a weight MatMul, so padding cannot move them).
+
+    per_channel: one scale per output column instead of one per weight matrix (a column of small weights
+        keeps its resolution next to a column of large ones).
+    weight_type: "QInt8" or "QUInt8" (onnxruntime.quantization.QuantType names).
+    float_modules: the PyTorch modules (dotted paths below the exported module, e.g. "decoder.output_layer")
+        whose MatMuls stay float32: layers whose output decides the answer directly (a projection to the
+        vocabulary, the CIF weight that decides the token count) where one rounding step is a changed token.
+    """
+
+    per_channel: bool = False
+    weight_type: str = "QInt8"
+    float_modules: tuple[str, ...] = ()
+    op_types: tuple[str, ...] = ("MatMul", "Gemm")
+
+
+# SenseVoice's and Qwen3-ASR's recipe until each has its own measured one (issue 40).
+DEFAULT_INT8 = Int8Recipe()
+
+
+def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> set[str]:
+    """Dynamic int8 of `src` into `dst` by `recipe`; returns the recipe's float_modules found in this graph
+    (a family of several graphs checks that each was found in one: write_model_dir). Conv stays float (the
     frontend's and FSMN's convolutions would become ConvInteger, which lacks CPU kernels)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    excluded, found = float_module_nodes(src, recipe.float_modules)
     quantize_dynamic(
-        str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"], weight_type=QuantType.QInt8,
-        per_channel=False, extra_options={"MatMulConstBOnly": True},
+        str(src), str(dst), op_types_to_quantize=list(recipe.op_types), weight_type=QuantType[recipe.weight_type],
+        per_channel=recipe.per_channel, nodes_to_exclude=excluded, extra_options={"MatMulConstBOnly": True},
     )
+    return found
+
+
+def float_module_nodes(path: Path, modules: tuple[str, ...]) -> tuple[list[str], set[str]]:
+    """The MatMul/Gemm nodes that the modules `modules` exported, by the module path the torch exporter
+    records on each node (metadata "pkg.torch.onnx.name_scopes": ['', 'model', 'model.decoder', ...]);
+    and which of `modules` were found. The modules ALWAYS_FLOAT are excluded too."""
+    import ast
+
+    graph = load_graph(path, load_external_data=False).graph
+    nodes, found = [], set()
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        scopes = next((ast.literal_eval(p.value) for p in node.metadata_props if p.key == NAME_SCOPES), [])
+        hits = {m for m in modules + ALWAYS_FLOAT for scope in scopes if scope == m or scope.endswith(f".{m}")}
+        if hits:
+            nodes.append(node.name)
+            found |= hits - set(ALWAYS_FLOAT)
+    return nodes, found
 
 
 def load_graph(path: Path, **options) -> "onnx.ModelProto":
@@ -155,9 +207,10 @@ def _has_external_data(path: Path) -> bool:
 
 
 def write_model_dir(
-    model, tokens: list[str], out: Path, manifest: ModelManifest, precisions: tuple[str, ...], overwrite: bool = False
+    model, tokens: list[str], out: Path, manifest: ModelManifest, precisions: tuple[str, ...], overwrite: bool = False,
+    int8: Int8Recipe = DEFAULT_INT8,
 ) -> Path:
-    """Export `model` in each precision into `out`, atomically (write_graphs_atomically)."""
+    """Export `model` in each precision into `out`, atomically (write_graphs_atomically); int8 by `int8`."""
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         raise ValueError(f"unknown precision {unknown[0]!r} (choose from {', '.join(PRECISIONS)})")
@@ -169,6 +222,7 @@ def write_model_dir(
         needs_fp32 = "fp32" in precisions or "int8" in precisions
         steps = ["fp32"] * needs_fp32 + [p for p in precisions if p != "fp32"]
         top_k = 0
+        kept_float: set[str] = set()
         # A Paraformer is two graphs (its encoder + CIF, then its decoder), each written like a whole model.
         stages = list(zip(model.export_stages(), (ONNX_FILES, DECODER_ONNX_FILES)) if hasattr(model, "export_stages")
                       else [(model, ONNX_FILES)])
@@ -182,7 +236,7 @@ def write_model_dir(
                         if index == 0:  # before int8, which is quantised from this file
                             top_k = add_decoding_to_file(target)
                     elif precision == "int8":
-                        quantize_int8(tmp / names["fp32"], target)
+                        kept_float |= quantize_int8(tmp / names["fp32"], target, int8)
                     else:
                         # Exported from PyTorch rather than converted: the converters' fp16 passes would have
                         # to keep the frontend float32 (power spectra reach 1e13, past fp16's 65504).
@@ -190,6 +244,9 @@ def write_model_dir(
                         k = add_decoding_to_file(target, top_k or DEFAULT_TOP_K)
                         top_k = top_k or (k if index == 0 else 0)
                     progress.update()
+        missing = sorted(set(int8.float_modules) - kept_float) if "int8" in precisions else []
+        if missing:  # a renamed module would silently be quantised: the recipe no longer describes the model
+            raise ValueError(f"the int8 recipe keeps {', '.join(missing)} in float, but no graph has such a module")
         if needs_fp32 and "fp32" not in precisions:
             for _, names in stages:
                 (tmp / names["fp32"]).unlink()
@@ -226,8 +283,6 @@ def write_graphs_atomically(out: Path, build, manifest: ModelManifest, tokens: l
 
 
 def _with_files(manifest: ModelManifest, files: dict[str, str], top_k: int, decoder_files: dict[str, str]) -> ModelManifest:
-    import dataclasses
-
     return dataclasses.replace(manifest, files=files, top_k=top_k, decoder_files=decoder_files)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.modeldir import ModelManifest
 
-from .onnx_export import OPSET, write_model_dir
+from .onnx_export import OPSET, Int8Recipe, write_model_dir
 from .sensevoice import add_export_arguments, run_export
 
 CHECKPOINT_FILES = ("model.pt", "config.yaml", "am.mvn")
@@ -26,6 +26,15 @@ SUPPORTED = {"model": "Paraformer", "encoder": "SANMEncoder", "predictor": "CifP
 # What the in-graph frontend computes (models/frontend.py); a config asking for anything else is refused.
 FRONTEND = {"fs": 16000, "window": "hamming", "n_mels": 80, "frame_length": 25, "frame_shift": 10, "lfr_m": 7, "lfr_n": 6}
 RELEASE = "ModelScope's iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch"
+# Paraformer's int8 recipe, after FunASR's own (funasr/utils/export_utils.py `_onnx`, quantize=True:
+# per-channel QUInt8 weights on MatMul, every node named "output" left float): per-channel weights, and the
+# decoder's projection to the vocabulary left float. The CIF weight projection, FunASR's other "output", is
+# no MatMul here (models/paraformer.py computes it as a float32 row sum), so it stays float too. QInt8 rather
+# than FunASR's QUInt8: the same agreement with fp32 on the released size, but onnxruntime's u8 x u8 kernels
+# took 1.6-1.8 times the CPU time of u8 x s8 on this AVX-512 VNNI machine (docs/benchmarks.md, "Paraformer
+# int8 against fp32"). Our old per-tensor QInt8 of every MatMul moved the token count on 7 of 8 released-size
+# clips (issue 40).
+INT8 = Int8Recipe(per_channel=True, weight_type="QInt8", op_types=("MatMul",), float_modules=("decoder.output_layer",))
 SYNTHETIC_WORDS = ("open", "the", "window", "please", "now", "hel@@", "lo")
 
 
@@ -192,4 +201,4 @@ def _write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], nam
         source=source, container_seconds=container, prompt_frames=0, languages={"auto": 0, "zh": 0, "en": 0}, tag_tokens={},
         opset=OPSET,
     )
-    return write_model_dir(model, tokens, out, manifest, precisions)
+    return write_model_dir(model, tokens, out, manifest, precisions, int8=INT8)

@@ -20,7 +20,7 @@ from pipeline.modeldir import ModelDirectory
 from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_length, window_geometry
 
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
-from .verify import _passed, errors, make_session
+from .verify import _passed, errors, make_session, model_blocks
 
 VERIFY_TOKENS = 8  # greedy steps compared per clip
 
@@ -102,7 +102,7 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
             entry["lengths"][f"{seconds:g}s"] = {**result, "tokens_equal": alone.tokens == padded.tokens,
                                                  "frames": tokens, "tokens": len(padded.tokens)}
             del alone_sessions, alone, embeds  # before the next length's: at 0.6B each set holds 2.6 GB
-        entry["passed"] = _passed(precision, entry)
+        entry["passed"] = _passed(precision, entry, model_blocks(dims))
         report["precisions"][precision] = entry
     results = [r for e in report["precisions"].values() for r in e["lengths"].values()]
     report["max_abs_err"] = max(r["max_abs_err"] for r in results)

@@ -5,8 +5,13 @@ exported ONNX graph takes raw audio. Each stage is written so that padding after
 cannot change a valid output value:
 - samples past `audio_lengths` are zeroed before anything reads them;
 - the Kaldi frame pipeline (DC removal, pre-emphasis, Hamming window, 512-point DFT) is linear in a
-  frame's 400 samples, so it is one strided Conv1d whose kernel is that linear map: a frame reads only
-  its own samples, and fixed shapes need no framing arithmetic;
+  frame's 400 samples, so it is one matrix: a frame reads only its own samples. Frames are rows
+  ([frames, 400] @ [400, 514], then the mel banks the same way), each product in slices of at most
+  GEMM_SLICE along the summed axis. Why: onnxruntime's GEMM (MLAS) picks its blocking of the summed axis
+  from the other two sizes; as a Conv (frames as columns) or with a long summed axis, a 0.3 s clip alone
+  and the same clip in a 30 s container summed in different orders, and the last-bit difference moved
+  int8's dynamic quantisation of the first layer (0.0099 at 0.3 s; issue 37). With frames as rows and no
+  slice past one block, a frame's value is the same bits whatever the number of frames;
 - LFR replicate padding is a gather whose indices are clamped to the valid frame range;
 - padded LFR rows are zeroed after CMVN, so no padded value reaches the encoder.
 """
@@ -27,6 +32,7 @@ MEL_HIGH_HZ = SAMPLE_RATE / 2
 LOG_FLOOR = float(np.finfo(np.float32).eps)  # Kaldi floors the mel energies at float epsilon
 PCM_SCALE = 32768.0  # FunASR feeds Kaldi int16-scaled samples
 FEATURE_SIZE = N_MELS * LFR_WINDOW  # 560
+GEMM_SLICE = 128  # MLAS's smallest block of the summed axis: a slice this long is never split (docstring)
 
 
 def frame_kernel() -> np.ndarray:
@@ -121,8 +127,8 @@ class Frontend(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         # Non-persistent: the state_dict stays exactly FunASR's; these are derived or set from am.mvn.
-        self.register_buffer("frame_kernel", torch.tensor(frame_kernel(), dtype=torch.float32)[:, None, :], False)
-        self.register_buffer("mel_kernel", torch.tensor(mel_banks(), dtype=torch.float32)[:, :, None], False)
+        self.register_buffer("frame_kernel", torch.tensor(frame_kernel().T, dtype=torch.float32), False)  # [400, 514]
+        self.register_buffer("mel_kernel", torch.tensor(mel_banks().T, dtype=torch.float32), False)  # [257, 80]
         self.register_buffer("lfr_offsets", torch.arange(LFR_WINDOW) - (LFR_WINDOW - 1) // 2, False)
         self.register_buffer("cmvn_shift", torch.zeros(FEATURE_SIZE), False)
         self.register_buffer("cmvn_scale", torch.ones(FEATURE_SIZE), False)
@@ -135,11 +141,11 @@ class Frontend(nn.Module):
         """Kaldi log-mel fbank: ([B, T, 80], frame_lengths int64 [B])."""
         positions = torch.ones_like(audio, dtype=torch.int64).cumsum(-1)
         sample_mask = (positions <= audio_lengths.to(torch.int64)[:, None]).to(audio.dtype)
-        samples = (audio * PCM_SCALE * sample_mask)[:, None, :]
-        spectrum = nn.functional.conv1d(samples, self.frame_kernel, stride=FBANK_SHIFT)  # [B, 514, T]
-        power = (spectrum * spectrum).unflatten(1, (2, FBANK_FFT // 2 + 1)).sum(1)  # [B, 257, T]
-        mel = nn.functional.conv1d(power, self.mel_kernel)  # [B, 80, T]
-        log_mel = torch.log(torch.clamp(mel, min=LOG_FLOOR)).transpose(1, 2)
+        frames = (audio * PCM_SCALE * sample_mask).unfold(1, FBANK_WINDOW, FBANK_SHIFT)  # [B, T, 400]
+        spectrum = sliced_matmul(frames, self.frame_kernel)  # [B, T, 514]
+        power = (spectrum * spectrum).unflatten(2, (2, FBANK_FFT // 2 + 1)).sum(2)  # [B, T, 257]
+        mel = sliced_matmul(power, self.mel_kernel)  # [B, T, 80]
+        log_mel = torch.log(torch.clamp(mel, min=LOG_FLOOR))
         valid = torch.div(audio_lengths.to(torch.int64) - FBANK_WINDOW, FBANK_SHIFT, rounding_mode="floor") + 1
         return log_mel, torch.clamp(valid, min=0)
 
@@ -165,6 +171,15 @@ class Frontend(nn.Module):
         stacked, lengths, row_mask = self.lfr(frames, frame_lengths)
         features = (stacked + self.cmvn_shift) * self.cmvn_scale * row_mask
         return features, lengths
+
+
+def sliced_matmul(rows: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """rows [..., K] @ matrix [K, N], summed in slices of GEMM_SLICE along K, added in order (module docstring)."""
+    product = None
+    for start in range(0, matrix.shape[0], GEMM_SLICE):
+        part = rows[..., start:start + GEMM_SLICE] @ matrix[start:start + GEMM_SLICE]
+        product = part if product is None else product + part
+    return product
 
 
 def sinusoid_timescales(depth: int) -> torch.Tensor:

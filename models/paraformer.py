@@ -144,7 +144,13 @@ class CifPredictorV2(nn.Module):
         padded = nn.functional.pad(hidden, (0, 0, left, right))
         window = torch.cat([padded[:, k:k + frames] for k in range(left + right + 1)], -1)  # [B, T, taps * D]
         context = torch.relu(torch.matmul(window, self.window_weight) + self.cif_conv1d.bias)
-        alphas = torch.sigmoid(self.cif_output(context * mask).float())
+        # cif_output as a product and a row sum, in float32, not a MatMul: this one number per frame decides
+        # how many tokens fire, so int8 must not round it (FunASR's recipe keeps it float too), and as a
+        # float MatMul ONNX Runtime fuses it with its bias into a Gemm whose last bits depend on the
+        # container (one unit at 5 s on the released size: the int8 decoder then rounded other tokens).
+        # A row sum reads its own row only, in the same order at any frame count.
+        weight, bias = self.cif_output.weight.float(), self.cif_output.bias.float()
+        alphas = torch.sigmoid(((context * mask).float() * weight).sum(-1, keepdim=True) + bias)
         alphas = torch.relu(alphas * self.dims.smooth_factor - self.dims.noise_threshold) * mask.float()
         alphas = alphas[:, :, 0]
         # FunASR's tail_process_fn: tail_threshold on the first frame past the valid ones.

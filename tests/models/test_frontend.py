@@ -19,7 +19,10 @@ from models.frontend import FEATURE_SIZE, LOG_FLOOR, PCM_SCALE, PREEMPHASIS, Fro
 from pipeline.audio import FBANK_FFT, FBANK_SHIFT, FBANK_WINDOW, LFR_SHIFT, LFR_WINDOW, N_MELS, SAMPLE_RATE
 
 KNF_TOL = 5e-4
-FLOAT64_TOL = 1e-4
+# float32 against float64 on log-mels up to 16: the DFT of int16-scaled samples cancels its DC, so a
+# frame's 400-term sums lose about 5 digits; 1.3e-4 (relative 1.8e-5) at worst on three_utterances.wav,
+# whether the sums run as one matrix product or in slices (models/frontend.py GEMM_SLICE).
+FLOAT64_TOL = 2e-4
 PADDING_TOL = 1e-5  # float rounding only (see test_padding_invariance); export.verify's bound too
 PARITY_MVN = Path(__file__).resolve().parents[1] / "fixtures" / "parity" / "am.mvn"
 
