@@ -83,7 +83,7 @@ def test_without_shared_weights_every_shape_has_its_own_session(paraformer_model
 
 
 
-OPEN_LENGTHS = (0.4, 0.5, 0.77, 1.0, 1.7, 2.0, 3.33, 4.4, 8.0, 12.5, 29.9, 30.0)
+OPEN_LENGTHS = (0.3, 0.4, 0.5, 0.77, 1.0, 1.7, 2.0, 3.33, 4.4, 8.0, 12.5, 29.9, 30.0)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
