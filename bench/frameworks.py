@@ -163,17 +163,21 @@ def run(args: argparse.Namespace) -> int:
     silences = tuple(float(s) for s in args.silences.split(","))
     if args.utterances < 1 or any(s < 0 for s in silences):
         raise ValueError("--utterances must be at least 1 and --silences at least 0")
-    say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences")
-    texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers)
+    if "," in args.noises:
+        raise ValueError("--noises: one noise at a time here (none, pink, brown or room)")
+    say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences, noise {args.noises}")
+    texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers, args.noises,
+                              args.noise_level)
     wyoming_port = free_port()
     # partials on (the server's default interval): the Deepgram timing counts interim results; no door's
     # final text depends on them
     server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.5, precision=args.precision,
                                      threads=args.threads, containers=None, server_log=args.server_log,
-                                     options=("--wyoming-port", str(wyoming_port)))
+                                     options=("--wyoming-port", str(wyoming_port), "--vad", args.vad))
     server = ServerProcess(server_args, max_sessions=4)
     result: dict[str, Any] = {"command": command_line(), "machine": machine(), "model": str(args.model),
-                              "precision": args.precision, "utterances": args.utterances, "wer": {}}
+                              "precision": args.precision, "utterances": args.utterances, "vad": args.vad,
+                              "noise": args.noises, "noise_level": args.noise_level, "wer": {}}
     try:
         asyncio.run(server.wait_ready(300))
         for lead in silences:
@@ -185,6 +189,6 @@ def run(args: argparse.Namespace) -> int:
         say(json.dumps(result["deepgram_timing"]))
     finally:
         server.stop()
-    silence.report(result, silences, DOORS)
+    silence.report(result, DOORS)
     emit(result, args.save)
     return 0

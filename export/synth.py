@@ -60,7 +60,13 @@ HELDOUT_VARIANTS = (
 TRAIN_VARIANTS = ("",) + tuple(v for v in VARIANTS if v not in HELDOUT_VARIANTS)  # "" = the base voice
 
 ESPEAK_RATE = 22050
-NOISE_KINDS = ("white", "pink", "brown")
+NOISE_KINDS = ("white", "pink", "brown")  # of the noise-only training utterances
+# Rooms and the noise under a speaker (bench silence and vad, and the room-noise augmentation): "room" is
+# pink noise under a low-pass (ventilation, traffic through a wall: little above ROOM_LOWPASS_HZ) with a
+# diffuse tail (ROOM_RT60), the way a room colours whatever hums in it.
+ROOM_NOISE_KINDS = ("pink", "brown", "room")
+ROOM_LOWPASS_HZ = 1000.0
+ROOM_RT60 = 0.4
 
 
 @dataclass(frozen=True)
@@ -236,12 +242,17 @@ def espeak(text: str, voice: str, words_per_minute: int = 175, pitch: int = 50, 
 
 
 def colored_noise(kind: str, n: int, dbfs: float, seed: int) -> np.ndarray:
-    """White, pink (1/f power) or brown (1/f^2) noise: float32 [n] with an RMS of `dbfs` dB full scale."""
+    """White, pink (1/f power), brown (1/f^2) or room noise (ROOM_NOISE_KINDS): float32 [n] with an RMS of
+    `dbfs` dB full scale."""
     rng = np.random.default_rng(seed)
     spectrum = np.fft.rfft(rng.standard_normal(n))
     f = np.maximum(np.fft.rfftfreq(n), 1.0 / n)
-    spectrum *= f ** -{"white": 0.0, "pink": 0.5, "brown": 1.0}[kind]
+    spectrum *= f ** -{"white": 0.0, "pink": 0.5, "brown": 1.0, "room": 0.5}[kind]
+    if kind == "room":  # a second-order low-pass, in the spectrum: the noise is generated whole anyway
+        spectrum /= 1 + (f * SAMPLE_RATE / ROOM_LOWPASS_HZ) ** 2
     noise = np.fft.irfft(spectrum, n)
+    if kind == "room":
+        noise = reverberate(noise.astype(np.float32), ROOM_RT60, 0.0, seed)
     noise *= 10 ** (dbfs / 20) / (np.sqrt(np.mean(noise**2)) + 1e-12)
     return np.clip(noise, -1.0, 1.0).astype(np.float32)
 
