@@ -52,19 +52,6 @@ def vad_options(spec: str) -> Any:
     return options
 
 
-def round_trip(audio: np.ndarray, rate: int) -> np.ndarray:
-    """`audio` as a client at `rate` sends it (PCM16) and the server resamples it back to SAMPLE_RATE."""
-    import soxr
-
-    from pipeline.audio import Resampler
-
-    if rate == SAMPLE_RATE:
-        return audio
-    sent = np.clip(np.round(soxr.resample(audio, SAMPLE_RATE, rate) * 32768), -32768, 32767) / 32768
-    back = Resampler(rate)
-    return np.concatenate([back.process(sent.astype(np.float32)), back.flush()])
-
-
 def render_clean(u: Any) -> np.ndarray:
     from export import synth
 
@@ -104,6 +91,8 @@ def segments(audio: np.ndarray, options: Any) -> list[tuple[float, float]]:
 
 def measure(options: Any, records: list[tuple[np.ndarray, float, float]], noise: str, level: float,
             rate: int) -> dict[str, Any]:
+    from export.synth import round_trip
+
     early, noise_segments, missed = [], 0, 0
     for i, (clean, start, end) in enumerate(records):
         found = segments(round_trip(noisy(clean, noise, level, seed=i), rate), options)
