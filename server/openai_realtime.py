@@ -1,7 +1,8 @@
 """OpenAI Realtime transcription on the stream port: GET /v1/realtime?intent=transcription (WebSocket).
 
 The events are OpenAI's (server/realtime_events.py); the machinery is every stream's (server/streaming.py:
-admission, backpressure, the worker, the ordered send loop). Per item (one VAD segment, or one commit, whatever segments the upload's VAD finds in it):
+admission, backpressure, the worker, the ordered send loop). Per item (one VAD segment, or one commit,
+however many segments an upload of its audio would have):
     input_audio_buffer.speech_started -> .speech_stopped -> .committed                  (server_vad)
     input_audio_buffer.committed                                                          (after a commit)
     conversation.item.input_audio_transcription.delta ... -> .completed (or .failed)

@@ -21,10 +21,10 @@ from export.train_demo import TrainOptions, build_model, demo_tokens, train, tra
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args: str, env: dict | None = None, prelude: str = "") -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, prelude: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
     code = f"import sys; {prelude}from export.__main__ import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=env, timeout=timeout)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, words: str, code: int = 1) -> None:
@@ -196,8 +196,18 @@ def test_a_few_training_steps_reduce_nothing_to_nan(precision: str) -> None:
 def test_one_step_smoke_run(tmp_path: Path) -> None:
     """The whole command with a 1-step budget: data, training, export, held-out eval, card, rename."""
     out = tmp_path / "demo"
-    proc = run_cli("train-demo", "--out", str(out), "--utterances", "40", "--steps", "1", "--eval-utterances", "4")
+    checkpoint = tmp_path / "checkpoint"
+    proc = run_cli("train-demo", "--out", str(out), "--utterances", "40", "--steps", "1", "--eval-utterances", "4",
+                   "--checkpoint", str(checkpoint), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # fine-tuned from that checkpoint on room noise and the 24 kHz round trip (issue 36)
+    tuned = tmp_path / "tuned"
+    proc = run_cli("train-demo", "--out", str(tuned), "--utterances", "40", "--steps", "1", "--eval-utterances", "4",
+                   "--init-from", str(checkpoint), "--room-noise", "0.5", "--round-trip", "0.5", "--peak-lr", "1e-4",
+                   timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = json.loads((tuned / "manifest.json").read_text())["source"]
+    assert source["recipe"]["room_noise_probability"] == 0.5 and f"--init-from {checkpoint}" in source["command"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["training"]["steps"] == 1
     assert manifest["notice"] == demo_notice()  # the page's and the log's line about the demo model
