@@ -1,7 +1,8 @@
 """`python -m bench frameworks`: WER per door, with pipecat's and LiveKit's own clients (issue 25 point 4).
 
 The recordings are the demo model's held-out espeak-ng set (bench/silence.py renders them, with each
-leading silence of --silences, 0.5 s by default). They go through one server we start:
+leading silence of --silences, 0.5 s by default, under one --noises kind at --noise-level if asked). They go
+through one server we start (with --vad):
 
     upload           POST /v1/audio/transcriptions, one recording at a time
     upload-24k       the same, each recording resampled to 24 kHz first: what pipecat and LiveKit send (they
