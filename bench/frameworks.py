@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         for lead in silences:
             say(f"silence {lead:g} s: upload, Realtime, pipecat, LiveKit")
             hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port))
-            result["wer"][f"{lead:g}"] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
+            result["wer"][silence.row_key(args.noises, lead)] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
         say("deepgram timing: one live stream at real-time pace")
         result["deepgram_timing"] = asyncio.run(deepgram.timing(server.port, audio[silences[0]], GAP))
         say(json.dumps(result["deepgram_timing"]))
