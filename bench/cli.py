@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|frameworks|report|lease`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|vad|frameworks|report|lease`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ COMMANDS = {
     "failover": (".failover", "resumable streams through HAProxy while one server drains and one is killed"),
     "train": (".train", "seconds per training step of the demo model, fp32 against bf16"),
     "silence": (".silence", "WER per door (upload, stream, Realtime) and per second of silence before speech"),
+    "vad": (".vad", "where segments start in pink, brown and room noise, per frame VAD (webrtc modes, Silero)"),
     "frameworks": (".frameworks", "WER per door with pipecat's and LiveKit's own clients beside upload and Realtime"),
     "report": (".report", "write docs/benchmarks.md sections and the latency plot from saved results"),
     "lease": (".lease", "the summary table of a GPU lease's logs and results (bench/gpu_check.sh lease)"),

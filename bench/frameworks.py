@@ -1,7 +1,8 @@
 """`python -m bench frameworks`: WER per door, with pipecat's and LiveKit's own clients (issue 25 point 4).
 
 The recordings are the demo model's held-out espeak-ng set (bench/silence.py renders them, with each
-leading silence of --silences, 0.5 s by default). They go through one server we start:
+leading silence of --silences, 0.5 s by default, under one --noises kind at --noise-level if asked). They go
+through one server we start (with --vad):
 
     upload           POST /v1/audio/transcriptions, one recording at a time
     upload-24k       the same, each recording resampled to 24 kHz first: what pipecat and LiveKit send (they
@@ -163,28 +164,32 @@ def run(args: argparse.Namespace) -> int:
     silences = tuple(float(s) for s in args.silences.split(","))
     if args.utterances < 1 or any(s < 0 for s in silences):
         raise ValueError("--utterances must be at least 1 and --silences at least 0")
-    say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences")
-    texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers)
+    if "," in args.noises:
+        raise ValueError("--noises: one noise at a time here (none, pink, brown or room)")
+    say(f"rendering {args.utterances} held-out recordings x {len(silences)} silences, noise {args.noises}")
+    texts, audio = recordings(args.model, args.utterances, args.seed, silences, args.workers, args.noises,
+                              args.noise_level)
     wyoming_port = free_port()
     # partials on (the server's default interval): the Deepgram timing counts interim results; no door's
     # final text depends on them
     server_args = argparse.Namespace(model=args.model, end_silence=0.5, partial_interval=0.5, precision=args.precision,
                                      threads=args.threads, containers=None, server_log=args.server_log,
-                                     options=("--wyoming-port", str(wyoming_port)))
+                                     options=("--wyoming-port", str(wyoming_port), "--vad", args.vad))
     server = ServerProcess(server_args, max_sessions=4)
     result: dict[str, Any] = {"command": command_line(), "machine": machine(), "model": str(args.model),
-                              "precision": args.precision, "utterances": args.utterances, "wer": {}}
+                              "precision": args.precision, "utterances": args.utterances, "vad": args.vad,
+                              "noise": args.noises, "noise_level": args.noise_level, "wer": {}}
     try:
         asyncio.run(server.wait_ready(300))
         for lead in silences:
             say(f"silence {lead:g} s: upload, Realtime, pipecat, LiveKit")
             hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port))
-            result["wer"][f"{lead:g}"] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
+            result["wer"][silence.row_key(args.noises, lead)] = {door: wer(" ".join(texts), hypotheses[door]) for door in DOORS}
         say("deepgram timing: one live stream at real-time pace")
         result["deepgram_timing"] = asyncio.run(deepgram.timing(server.port, audio[silences[0]], GAP))
         say(json.dumps(result["deepgram_timing"]))
     finally:
         server.stop()
-    silence.report(result, silences, DOORS)
+    silence.report(result, DOORS)
     emit(result, args.save)
     return 0

@@ -22,7 +22,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from pipeline.audio import SAMPLE_RATE
+from pipeline.audio import SAMPLE_RATE, Resampler
 
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "oh")
 COMMANDS = (
@@ -60,7 +60,14 @@ HELDOUT_VARIANTS = (
 TRAIN_VARIANTS = ("",) + tuple(v for v in VARIANTS if v not in HELDOUT_VARIANTS)  # "" = the base voice
 
 ESPEAK_RATE = 22050
-NOISE_KINDS = ("white", "pink", "brown")
+NOISE_KINDS = ("white", "pink", "brown")  # of the noise-only training utterances
+# Rooms and the noise under a speaker (bench silence and vad, and the room-noise augmentation): "room" is
+# pink noise under a low-pass (ventilation, traffic through a wall: little above ROOM_LOWPASS_HZ) with a
+# diffuse tail (ROOM_RT60), the way a room colours whatever hums in it.
+ROOM_NOISE_KINDS = ("pink", "brown", "room")
+ROOM_LOWPASS_HZ = 1000.0
+ROOM_RT60 = 0.4
+CLIENT_RATE = 24000  # OpenAI Realtime's rate: every Realtime client's audio reaches the server at it
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,14 @@ class Recipe:
     # stay the same.
     long_silence_probability: float = 0.0
     long_silence: tuple[float, float] = (0.3, 2.0)  # seconds
+    # Room noise, on training speech only (issue 36): pink, brown or room noise (ROOM_NOISE_KINDS) at a level
+    # of `room_noise_dbfs` over the whole utterance, lead and trail included, so the model hears it around
+    # and under the speech as in a quiet room; and a 16 -> 24 -> 16 kHz round trip (what a Realtime
+    # client's audio went through). Off by default; a stream of their own, so texts, voices, rooms and the
+    # held-out set stay those of a recipe without them.
+    room_noise_probability: float = 0.0
+    room_noise_dbfs: tuple[float, float] = (-60.0, -35.0)
+    round_trip_probability: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,9 @@ class Utterance:
     echo_feedback: float = 0.0
     rt60: float = 0.0  # seconds; 0: no reverberation
     direct_to_reverb_db: float = 0.0
+    room_noise: str = ""  # a ROOM_NOISE_KINDS kind over the whole utterance; "": none
+    room_noise_dbfs: float = 0.0  # its RMS level
+    round_trip: bool = False  # through CLIENT_RATE and back, PCM16 on the way
 
 
 def require_espeak() -> str:
@@ -162,6 +180,7 @@ def sample_utterances(
     rng = np.random.default_rng([seed, 1 if heldout else 0])
     room_rng = np.random.default_rng([seed, 2])
     silence_rng = np.random.default_rng([seed, 3])
+    noise_rng = np.random.default_rng([seed, 4])
     variants = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
     out: list[Utterance] = []
     while len(out) < count:
@@ -200,6 +219,8 @@ def sample_utterances(
         ))
         if not heldout and recipe.long_silence_probability:
             out[-1] = long_silences(out[-1], silence_rng, recipe)
+        if not heldout and (recipe.room_noise_probability or recipe.round_trip_probability):
+            out[-1] = room_noise(out[-1], noise_rng, recipe)
     return out
 
 
@@ -211,6 +232,17 @@ def long_silences(u: Utterance, rng: np.random.Generator, recipe: Recipe) -> Utt
     if chance >= recipe.long_silence_probability:
         return u
     return dataclasses.replace(u, lead=lead if which != 1 else u.lead, trail=trail if which != 0 else u.trail)
+
+
+def room_noise(u: Utterance, rng: np.random.Generator, recipe: Recipe) -> Utterance:
+    """`u` with, at the recipe's probabilities, room noise under it and a round trip through CLIENT_RATE."""
+    # Always four draws: one utterance's choice never shifts the next one's.
+    chance, kind, level, trip = rng.random(), int(rng.integers(len(ROOM_NOISE_KINDS))), rng.uniform(0, 1), rng.random()
+    lo, hi = recipe.room_noise_dbfs
+    noisy = chance < recipe.room_noise_probability
+    return dataclasses.replace(u, room_noise=ROOM_NOISE_KINDS[kind] if noisy else "",
+                               room_noise_dbfs=float(lo + level * (hi - lo)) if noisy else 0.0,
+                               round_trip=bool(trip < recipe.round_trip_probability))
 
 
 def room(rng: np.random.Generator, recipe: Recipe) -> dict[str, float]:
@@ -236,12 +268,17 @@ def espeak(text: str, voice: str, words_per_minute: int = 175, pitch: int = 50, 
 
 
 def colored_noise(kind: str, n: int, dbfs: float, seed: int) -> np.ndarray:
-    """White, pink (1/f power) or brown (1/f^2) noise: float32 [n] with an RMS of `dbfs` dB full scale."""
+    """White, pink (1/f power), brown (1/f^2) or room noise (ROOM_NOISE_KINDS): float32 [n] with an RMS of
+    `dbfs` dB full scale."""
     rng = np.random.default_rng(seed)
     spectrum = np.fft.rfft(rng.standard_normal(n))
     f = np.maximum(np.fft.rfftfreq(n), 1.0 / n)
-    spectrum *= f ** -{"white": 0.0, "pink": 0.5, "brown": 1.0}[kind]
+    spectrum *= f ** -{"white": 0.0, "pink": 0.5, "brown": 1.0, "room": 0.5}[kind]
+    if kind == "room":  # a second-order low-pass, in the spectrum: the noise is generated whole anyway
+        spectrum /= 1 + (f * SAMPLE_RATE / ROOM_LOWPASS_HZ) ** 2
     noise = np.fft.irfft(spectrum, n)
+    if kind == "room":
+        noise = reverberate(noise.astype(np.float32), ROOM_RT60, 0.0, seed)
     noise *= 10 ** (dbfs / 20) / (np.sqrt(np.mean(noise**2)) + 1e-12)
     return np.clip(noise, -1.0, 1.0).astype(np.float32)
 
@@ -266,7 +303,21 @@ def render(u: Utterance) -> np.ndarray:
         speech_power = float(np.mean(audio[lead:len(audio) - trail] ** 2)) + 1e-12
         noise = np.random.default_rng(u.noise_seed).standard_normal(len(audio)).astype(np.float32)
         audio += noise * np.float32(np.sqrt(speech_power / 10 ** (u.snr_db / 10)))
-    return np.clip(audio, -1.0, 1.0)
+    if u.room_noise:
+        audio += colored_noise(u.room_noise, len(audio), u.room_noise_dbfs, u.noise_seed + 1)
+    audio = np.clip(audio, -1.0, 1.0)
+    return round_trip(audio) if u.round_trip else audio
+
+
+def round_trip(audio: np.ndarray, rate: int = CLIENT_RATE) -> np.ndarray:
+    """`audio` (float32 at SAMPLE_RATE) as a client at `rate` sends it (soxr, PCM16) and the server resamples
+    it back (pipeline.audio.Resampler, as every door does): float32, the same length."""
+    if rate == SAMPLE_RATE:
+        return audio
+    sent = np.clip(np.round(soxr.resample(audio, SAMPLE_RATE, rate) * 32768), -32768, 32767) / 32768
+    back = Resampler(rate)
+    out = np.concatenate([back.process(sent.astype(np.float32)), back.flush()])
+    return np.clip(out, -1.0, 1.0).astype(np.float32)
 
 
 def feedback_echo(audio: np.ndarray, delay: int, feedback: float) -> np.ndarray:

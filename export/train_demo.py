@@ -66,9 +66,12 @@ class TrainOptions:
     log_every: int = 125  # steps between loss lines (and 4x that between held-out WER checks)
     precision: str = "auto"  # "bf16": autocast matmuls to bfloat16 (fp32 master weights); "auto": where the CPU has it
     long_silence: float = 0.0  # synth.Recipe.long_silence_probability: utterances with a 0.3-2 s lead or trail
+    room_noise: float = 0.0  # synth.Recipe.room_noise_probability: pink, brown or room noise at -60..-35 dBFS
+    round_trip: float = 0.0  # synth.Recipe.round_trip_probability: through 24 kHz and back
 
     def recipe(self) -> synth.Recipe:
-        return synth.Recipe(long_silence_probability=self.long_silence)
+        return synth.Recipe(long_silence_probability=self.long_silence, room_noise_probability=self.room_noise,
+                            round_trip_probability=self.round_trip)
 
 
 def targets_for(text: str, token_ids: dict[str, int]) -> list[int]:
@@ -244,7 +247,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-silence", type=float, default=d.long_silence, metavar="P",
                         help="share of training utterances given a 0.3-2 s lead, trail or both (default 0: the "
                              "shipped recipe; the server trims silence at every door anyway)")
+    parser.add_argument("--room-noise", type=float, default=d.room_noise, metavar="P",
+                        help="share of training speech under pink, brown or room noise at -60..-35 dBFS, lead and "
+                             "trail included (issue 36; default 0)")
+    parser.add_argument("--round-trip", type=float, default=d.round_trip, metavar="P",
+                        help="share of training utterances sent through 24 kHz and back, as a Realtime client's "
+                             "audio is (default 0)")
     parser.add_argument("--checkpoint", type=Path, help="also save the torch checkpoint (model.pt, am.mvn, training.json) here")
+    parser.add_argument("--init-from", type=Path, metavar="CHECKPOINT",
+                        help="fine-tune: start from this --checkpoint directory's weights and CMVN instead of "
+                             "random ones (then train --steps on this recipe, e.g. --room-noise)")
+    parser.add_argument("--peak-lr", type=float, default=d.peak_lr,
+                        help=f"the learning rate after warm-up (default {d.peak_lr:g}; lower it to fine-tune)")
     parser.add_argument("--from-checkpoint", type=Path, help="skip data and training: export and evaluate this checkpoint")
 
 
@@ -255,8 +269,13 @@ def run(args: argparse.Namespace) -> int:
     if args.minutes * 60 < SHIP_RESERVE_SECONDS + 60 and args.from_checkpoint is None:
         raise ValueError(f"--minutes {args.minutes:g} is too short: export and evaluation alone take "
                          f"{SHIP_RESERVE_SECONDS / 60:g} minutes")
-    if not 0.0 <= args.long_silence <= 1.0:
-        raise ValueError(f"--long-silence must be from 0 to 1, got {args.long_silence:g}")
+    for flag in ("long_silence", "room_noise", "round_trip"):
+        if not 0.0 <= getattr(args, flag) <= 1.0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be from 0 to 1, got {getattr(args, flag):g}")
+    if args.init_from is not None and not all((args.init_from / f).is_file() for f in ("model.pt", "am.mvn")):
+        raise ValueError(f"--init-from {args.init_from}: no model.pt and am.mvn there (make them with --checkpoint)")
+    if not args.peak_lr > 0:
+        raise ValueError(f"--peak-lr must be above 0, got {args.peak_lr:g}")
     synth.require_espeak()
     import torch  # ModuleNotFoundError -> "torch is not installed" from export.__main__
 
@@ -266,23 +285,28 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     options = TrainOptions(seed=args.seed, utterances=args.utterances, steps=args.steps, minutes=args.minutes,
                            workers=args.workers, threads=args.threads, precision=args.precision,
-                           long_silence=args.long_silence)
+                           long_silence=args.long_silence, room_noise=args.room_noise, round_trip=args.round_trip,
+                           peak_lr=args.peak_lr)
     tokens = demo_tokens()
     torch.manual_seed(options.seed)
     model = build_model(len(tokens))
+    if args.init_from is not None:
+        model.load_state_dict(torch.load(args.init_from / "model.pt", map_location="cpu", weights_only=True))
+        model.set_cmvn(*read_am_mvn(args.init_from / "am.mvn"))  # the features it learned on keep their scale
     if args.from_checkpoint is not None:
         model.load_state_dict(torch.load(args.from_checkpoint / "model.pt", map_location="cpu", weights_only=True))
         model.set_cmvn(*read_am_mvn(args.from_checkpoint / "am.mvn"))
         summary = json.loads((args.from_checkpoint / "training.json").read_text(encoding="utf-8"))
         options = TrainOptions(**summary["options"])
     else:
-        summary = {"options": asdict(options)}
+        summary = {"options": asdict(options)} | ({"init_from": str(args.init_from)} if args.init_from else {})
         utterances = synth.sample_utterances(options.utterances, options.seed, recipe=options.recipe())
         seen = frozenset(u.text for u in utterances if u.text)
         monitor = synth.sample_utterances(300, options.seed + 1, heldout=True, exclude=seen)
         features = render_features(utterances + monitor, options.workers, "synthesise")
         summary["data_seconds"] = round(time.monotonic() - started)
-        model.set_cmvn(*cmvn_from(features[: len(utterances)]))
+        if args.init_from is None:
+            model.set_cmvn(*cmvn_from(features[: len(utterances)]))
         heldout = (features[len(utterances):], [u.text for u in monitor])
         seconds = options.minutes * 60 - (time.monotonic() - started) - SHIP_RESERVE_SECONDS
         if seconds < 60:
@@ -317,10 +341,13 @@ def reproduce_command(options: TrainOptions, args) -> str:
     """The command that makes this model again (where it is written does not matter)."""
     d = TrainOptions()
     flags = [f"--{name.replace('_', '-')} {getattr(options, name):g}"
-             for name in ("seed", "utterances", "steps", "minutes", "long_silence")
+             for name in ("seed", "utterances", "steps", "minutes", "long_silence", "room_noise", "round_trip",
+                          "peak_lr")
              if getattr(options, name) != getattr(d, name)]
     if options.precision != d.precision:
         flags.append(f"--precision {options.precision}")
+    if args.init_from is not None:
+        flags.append(f"--init-from {args.init_from}")
     if args.eval_utterances != 500:
         flags.append(f"--eval-utterances {args.eval_utterances}")
     return " ".join(["python -m export train-demo", *flags])

@@ -3,7 +3,9 @@
 Sans-I/O: `Segmenter.feed(samples)` returns events, `finish()` flushes. Time is counted in samples fed,
 never read from a clock, so a file and a live microphone segment identically.
 
-The audio is cut into 30 ms frames (VAD_FRAME) that webrtcvad marks voiced or not:
+The audio is cut into 30 ms frames (VAD_FRAME) that a frame VAD (pipeline/vad.py: webrtcvad or Silero)
+scores from 0 to 1; a frame is voiced at `vad_threshold` or more, or once a segment is open at
+HOLD_MARGIN less (Silero's own hysteresis: speech that fades a little does not end a segment):
 - idle: a ring buffer keeps the last frames (pre-roll plus the start window; memory is bounded while
   silent). When `start_frames` of the last `start_window` frames are voiced, a segment opens at the first
   voiced frame of that window, its audio reaching `pre_roll` further back.
@@ -26,16 +28,20 @@ from dataclasses import dataclass, field
 from typing import Union
 
 import numpy as np
-import webrtcvad
 
-from .audio import SAMPLE_RATE, VAD_FRAME, samples_to_seconds
+from .audio import VAD_FRAME, samples_to_seconds
+from .vad import VADS, frame_vad
 
 FRAME_SECONDS = samples_to_seconds(VAD_FRAME)  # 0.03 s
+HOLD_MARGIN = 0.15  # an open segment's frames are voiced down to vad_threshold less this (Silero's default) ...
+MIN_HOLD = 0.01  # ... but never at 0, where every frame would be
 
 
 @dataclass(frozen=True)
 class SegmenterOptions:
+    vad: str = "webrtc"  # the frame VAD: "webrtc" or "silero" (pipeline/vad.py)
     vad_aggressiveness: int = 3  # webrtcvad 0-3; 3 is as sensitive to espeak speech as 2, with fewer false starts
+    vad_threshold: float = 0.5  # Silero's speech probability that makes a frame voiced (webrtc's is 0 or 1)
     start_frames: int = 3  # voiced frames among the last `start_window` that open a segment ...
     start_window: int = 10  # ... (300 ms): a hysteresis against single noisy frames
     pre_roll: float = 0.3  # seconds of audio kept before the first voiced frame (soft onsets)
@@ -62,6 +68,9 @@ def validate_options(options: SegmenterOptions) -> None:
     """Raise ValueError naming the first option that makes no sense."""
     o = options
     checks = [
+        (o.vad in VADS, f"vad must be one of {', '.join(VADS)}, got {o.vad!r}"),
+        (isinstance(o.vad_threshold, (int, float)) and 0 < o.vad_threshold <= 1,
+         f"vad_threshold must be a number above 0 and at most 1, got {o.vad_threshold!r}"),
         (o.vad_aggressiveness in (0, 1, 2, 3) and not isinstance(o.vad_aggressiveness, bool),
          f"vad_aggressiveness must be 0, 1, 2 or 3, got {o.vad_aggressiveness!r}"),
         (isinstance(o.start_window, int) and o.start_window >= 1, f"start_window must be an integer >= 1, got {o.start_window!r}"),
@@ -146,7 +155,8 @@ class Segmenter:
         next segment number); a new stream starts at 0 and 0."""
         self.options = options = options or SegmenterOptions()
         validate_options(options)
-        self._vad = webrtcvad.Vad(options.vad_aggressiveness)
+        self._vad = frame_vad(options.vad, options.vad_aggressiveness)
+        self._hold_threshold = max(options.vad_threshold - HOLD_MARGIN, MIN_HOLD)
         self._pre_roll = frame_count(options.pre_roll)
         self._end_frames = frame_count(options.end_silence)
         self._post_frames = int(options.post_roll / FRAME_SECONDS + 1e-9)  # at most post_roll
@@ -189,12 +199,12 @@ class Segmenter:
         frames = samples[:whole].reshape(-1, VAD_FRAME)
         if not len(frames):
             return []
-        pcm = np.clip(frames * 32768.0, -32768, 32767).astype("<i2")  # webrtcvad wants int16 bytes
+        scores = self._vad.scores(frames)
         energy = np.sqrt(np.mean(np.square(frames, dtype=np.float32), axis=1))
         events: list[Event] = []
         self._partial_due = False
         for i in range(len(frames)):
-            voiced = self._vad.is_speech(pcm[i].tobytes(), SAMPLE_RATE)
+            voiced = scores[i] >= (self._hold_threshold if self._open else self.options.vad_threshold)
             self._step(frames[i], bool(voiced), float(energy[i]), events)
         if self._partial_due and self._open and self._confirmed:
             events.append(self._partial())

@@ -9,9 +9,9 @@ segmenter cuts from a live stream).
 
 - Segments the segmenter cut (live streams, uploads, FunASR, Realtime server VAD) know where their speech
   is; only a client's larger pre-roll (Realtime `prefix_padding_ms`) is cut from them (`for_model`).
-- A whole buffer (a Realtime commit without turn detection) goes through the segmenter first, so that
-  what counts as speech has one definition; a buffer without any is no segment at all (`speech_in`), and
-  its transcript is empty, as OpenAI's is.
+- A whole buffer (a Realtime commit without turn detection) is cut by the segmenter as an upload is
+  (`segments_in`), so the same audio gives the same segments, and words, however a client cut it; a
+  buffer without speech is no segment at all, and its transcript is empty, as OpenAI's is.
 - A segment that begins less than JOIN_SILENCE after the previous one ended continues that utterance: a
   client's VAD committed at a short pause (pipecat's default stop_secs is 0.2 s) or our segmenter cut at
   its length limit. Alone, such a fragment is often one short word the model gets wrong ("two" heard as
@@ -61,21 +61,17 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))
 
 
-def speech_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.0,
-              segment: int = 0) -> SegmentFinished | None:
-    """A whole buffer (float32 at SAMPLE_RATE, its first sample at `offset`) as one segment: from the first
-    speech the segmenter finds in it, less the pre-roll, to the end of the last, plus the post-roll. None
-    when the segmenter finds no speech."""
+def segments_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.0) -> list[SegmentFinished]:
+    """A whole buffer (float32 at SAMPLE_RATE, its first sample at `offset`) cut as an upload of it is: the
+    segmenter's segments, numbered from 0, times shifted by `offset`; [] when it finds no speech. A buffer
+    that holds two utterances with a pause is two segments, as in the upload: decoded as one, the pause
+    heard as speech, a short word before it was lost (issue 36)."""
     segmenter = Segmenter(dataclasses.replace(options, partial_interval=0.0))
     found = [e for e in segmenter.feed(audio) + segmenter.finish() if isinstance(e, SegmentFinished)]
-    if not found:
-        return None
-    first, last = found[0], found[-1]
-    # The segmenter's own bounds (its pre- and post-roll in whole VAD frames): the audio an upload's segment has.
-    begin = int(round(first.audio_start * SAMPLE_RATE))
-    cut = audio[begin:int(round(last.audio_start * SAMPLE_RATE)) + len(last.audio)]
-    return SegmentFinished(segment, round(first.start + offset, 6), round(last.end + offset, 6), cut,
-                           round(first.audio_start + offset, 6))
+    if not offset:
+        return found
+    return [dataclasses.replace(e, start=round(e.start + offset, 6), end=round(e.end + offset, 6),
+                                audio_start=round(e.audio_start + offset, 6)) for e in found]
 
 
 @dataclass

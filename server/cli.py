@@ -15,6 +15,7 @@ from pipeline.errors import UnipadError
 from pipeline.hotwords import read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
+from pipeline.vad import VADS
 
 from .config import (DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, split_list,
                      validate_config)
@@ -63,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=d.share_weights,
                    help="CPU: the sessions share one copy of the weights; --no-share-weights: a copy each "
                         "(more memory; SenseVoice's ladder runs 10-15%% faster, docs/benchmarks.md)")
+    p.add_argument("--vad", choices=VADS, default=d.vad,
+                   help="the frame VAD: webrtc (webrtcvad) or silero (Silero VAD on ONNX Runtime, steadier in room "
+                        f"noise: docs/benchmarks.md) (default {d.vad})")
     p.add_argument("--vad-aggressiveness", type=int, default=d.vad_aggressiveness, help="webrtcvad mode 0-3")
+    p.add_argument("--vad-threshold", type=float, default=d.vad_threshold,
+                   help=f"silero: the speech probability of a voiced frame, above 0, at most 1 (default {d.vad_threshold})")
     p.add_argument("--end-silence", type=float, default=d.end_silence, help="seconds of silence that end a segment")
     p.add_argument("--pre-roll", type=float, default=d.pre_roll, help="seconds kept before speech starts")
     p.add_argument("--partial-interval", type=float, default=d.partial_interval,

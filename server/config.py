@@ -46,7 +46,9 @@ class ServerConfig:
     cuda_graph: bool = False  # CUDA: capture and replay each session's graph
     allow_tf32: bool = False  # CUDA: TF32 matmuls for fp32 (faster, no longer exact)
     share_weights: bool = True  # CPU: one copy of the weights for all sessions (EngineOptions.share_weights)
+    vad: str = _SEGMENTER.vad  # the frame VAD: webrtc or silero (pipeline/vad.py)
     vad_aggressiveness: int = _SEGMENTER.vad_aggressiveness  # webrtcvad mode, 0 (least) to 3 (most aggressive)
+    vad_threshold: float = _SEGMENTER.vad_threshold  # Silero's speech probability for a voiced frame
     end_silence: float = _SEGMENTER.end_silence  # trailing silence that ends a segment
     pre_roll: float = _SEGMENTER.pre_roll  # audio kept before the first voiced frame
     partial_interval: float = _SEGMENTER.partial_interval  # seconds of new audio between partials; 0: none
@@ -94,7 +96,9 @@ def segmenter_options(config: ServerConfig) -> SegmenterOptions:
     """The per-stream segmentation settings; post-roll is capped by the end silence it lies in."""
     return dataclasses.replace(
         _SEGMENTER,
+        vad=config.vad,
         vad_aggressiveness=config.vad_aggressiveness,
+        vad_threshold=config.vad_threshold,
         end_silence=config.end_silence,
         post_roll=min(_SEGMENTER.post_roll, config.end_silence),
         pre_roll=config.pre_roll,

@@ -1,7 +1,8 @@
 """OpenAI Realtime transcription on the stream port: GET /v1/realtime?intent=transcription (WebSocket).
 
 The events are OpenAI's (server/realtime_events.py); the machinery is every stream's (server/streaming.py:
-admission, backpressure, the worker, the ordered send loop). Per item (one VAD segment, or one commit):
+admission, backpressure, the worker, the ordered send loop). Per item (one VAD segment, or one commit,
+however many segments an upload of its audio would have):
     input_audio_buffer.speech_started -> .speech_stopped -> .committed                  (server_vad)
     input_audio_buffer.committed                                                          (after a commit)
     conversation.item.input_audio_transcription.delta ... -> .completed (or .failed)
@@ -26,13 +27,14 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from pipeline.audio import SAMPLE_RATE, AudioFormat, Resampler, decode_pcm, samples_to_seconds
+from pipeline.audio import SAMPLE_RATE, AudioFormat, Resampler, decode_pcm
 from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished, SpeechStarted
 from pipeline.stable_prefix import StablePrefix
 from pipeline.stream import StreamSession
-from pipeline.trim import speech_in
+from pipeline.trim import segments_in
 
+from .funasr_protocol import join_texts
 from .http import check_handshake_token, client_address, response
 from .protocol import CLOSE_GOING_AWAY
 from .realtime_events import (BETA_UPDATE, GA_UPDATE, EventError, SessionConfig, apply_update, error_event, event,
@@ -95,6 +97,7 @@ class RealtimeConnection(StreamConnection):
         self._time_base = 0.0
         self._items: dict[int, str] = {}  # open segment -> its item id
         self._prefixes: dict[int, StablePrefix] = {}  # open segment -> its committed text
+        self._commits: dict[int, _CommitItem] = {}  # segment of a commit awaiting its final -> the commit's item
         self._last_item: str | None = None
 
     # ---- the conversation ------------------------------------------------------------------------------
@@ -217,7 +220,7 @@ class RealtimeConnection(StreamConnection):
 
     async def _flush(self, commit: bool) -> None:
         """The uncommitted audio becomes items: with server_vad its open segment (if speech was heard);
-        without turn detection all of it, in pieces of at most max_segment_seconds."""
+        without turn detection all of it, as one item of the segments an upload of it would have."""
         assert self.session is not None
         if self._resampler is None:
             await self._handle(self.session.finish())
@@ -228,16 +231,15 @@ class RealtimeConnection(StreamConnection):
         self._manual = [audio]  # for _restart's time accounting
         if self._continuation is not None:  # the next commit's context is this sound as it came
             self._continuation.heard(audio, self._time_base)
-        speech = speech_in(audio, self.app.segmenter_options)  # the silence around it is not for the model
-        if speech is None:  # no speech at all: no segment (a commit answers with an empty transcript)
+        found = segments_in(audio, self.app.segmenter_options)
+        if not found:  # no speech at all: no segment (a commit answers with an empty transcript)
             return
-        limit = int(self.app.segmenter_options.max_segment_seconds * SAMPLE_RATE)
-        for n, i in enumerate(range(0, len(speech.audio), limit)):
-            piece = speech.audio[i:i + limit]
-            audio_start = speech.audio_start + samples_to_seconds(i)
-            start, end = max(speech.start, audio_start), min(speech.end, audio_start + samples_to_seconds(len(piece)))
-            await self._handle([SegmentFinished(n, start, end, piece, audio_start)])
-
+        commit_item = _CommitItem(new_id("item"), len(found), found[-1].end - found[0].start)
+        self._put(event("input_audio_buffer.committed", item_id=commit_item.item, previous_item_id=self._last_item))
+        self._last_item = commit_item.item
+        for e in found:
+            self._commits[e.segment + self._segment_base] = commit_item
+        await self._handle(found)
     async def _handle(self, events: list[Any]) -> None:
         """The StreamSession's events, shifted into the session's numbering and time; item events first."""
         shifted = []
@@ -254,13 +256,12 @@ class RealtimeConnection(StreamConnection):
                 padded = max(self._time_base, e.start - self.config.turn_detection.prefix_padding_ms / 1000)
                 self._put(event("input_audio_buffer.speech_started", audio_start_ms=ms(padded),
                                 item_id=self._items[e.segment]))
-            elif isinstance(e, SegmentFinished):
+            elif isinstance(e, SegmentFinished) and self._resampler is None:  # a commit's item: _flush
                 item = self._items.setdefault(e.segment, new_id("item"))
-                if self._resampler is None:
-                    self._put(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(e.end), item_id=item))
+                self._put(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(e.end), item_id=item))
                 self._put(event("input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item))
                 self._last_item = item
-                self._pending = 0.0 if self._resampler is None else self._pending
+                self._pending = 0.0
             shifted.append(e)
         await super()._handle(shifted)
 
@@ -280,6 +281,9 @@ class RealtimeConnection(StreamConnection):
         return _Partial(job.segment, transcript.text)
 
     def _on_final(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
+        if job.segment in self._commits:
+            self._on_commit_part(self._commits.pop(job.segment), job, transcript, error)
+            return
         item = self._items.pop(job.segment, None) or new_id("item")
         prefix = self._prefixes.pop(job.segment, StablePrefix())
         if error is not None:
@@ -294,7 +298,33 @@ class RealtimeConnection(StreamConnection):
                         usage={"type": "duration", "seconds": round(job.end - job.start, 3)}),
                   arrived=job.arrived)
 
+    def _on_commit_part(self, commit: _CommitItem, job: Job, transcript: Any, error: UnipadError | None) -> None:
+        """One segment of a commit decoded (they come in order): its words as a delta of the commit's item,
+        and with the last one the item's `.completed` (or `.failed`, if any of its segments failed). Each
+        segment's final goes to the outbox once (`arrived`), as the backpressure counts them."""
+        before = join_texts(commit.texts)
+        commit.texts.append(transcript.text if error is None else "")
+        commit.error = commit.error or error
+        delta = join_texts(commit.texts)[len(before):]
+        if delta and commit.error is None:
+            self._put(event(f"{TRANSCRIPTION}.delta", item_id=commit.item, content_index=0, delta=delta),
+                      arrived=None if len(commit.texts) == commit.segments else job.arrived)
+        elif len(commit.texts) < commit.segments:
+            self._put(None, arrived=job.arrived)  # nothing to send, but this final is done
+        if len(commit.texts) < commit.segments:
+            return
+        if commit.error is not None:
+            self._put(event(f"{TRANSCRIPTION}.failed", item_id=commit.item, content_index=0,
+                            error={"type": "server_error", "code": commit.error.code, "message": str(commit.error),
+                                   "param": None}), arrived=job.arrived)
+            return
+        self._put(event(f"{TRANSCRIPTION}.completed", item_id=commit.item, content_index=0,
+                        transcript=join_texts(commit.texts), usage={"type": "duration", "seconds": commit.seconds}),
+                  arrived=job.arrived)
+
     def _render(self, message: Any) -> str | None:
+        if message is None:  # a commit's segment that added no words
+            return None
         if isinstance(message, _Partial):  # what is stable is decided when it is sent (replaced partials skip)
             item = self._items.get(message.segment)
             delta = self._prefixes.setdefault(message.segment, StablePrefix()).update(message.text)
@@ -308,6 +338,20 @@ class RealtimeConnection(StreamConnection):
             self.app.metrics.partials.inc()
         elif isinstance(message, dict) and message.get("type") == "error":
             self.app.metrics.errors.labels(message["error"]["code"] or "error").inc()
+
+
+@dataclass
+class _CommitItem:
+    """The one item of a commit, whose segments are decoded one by one."""
+    item: str
+    segments: int  # how many the commit holds
+    speech_seconds: float  # from the first one's speech start to the last one's end
+    texts: list[str] = dataclasses.field(default_factory=list)  # theirs so far, in order
+    error: UnipadError | None = None  # the first segment that failed
+
+    @property
+    def seconds(self) -> float:
+        return round(self.speech_seconds, 3)
 
 
 @dataclass(frozen=True)

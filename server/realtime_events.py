@@ -12,7 +12,8 @@ Both shapes of the settings are read (openai-python src/openai/types/realtime/ a
 Audio is little-endian PCM16 mono at 24 kHz (OpenAI's only rate) or at 16 kHz where a client says so
 (`rate: 16000`). server_vad is our VAD: `silence_duration_ms` -> end_silence, `prefix_padding_ms` ->
 pre_roll, and `threshold` (0-1, louder speech needed as it grows) -> webrtcvad's aggressiveness:
-below 0.15 -> 0, below 0.3 -> 1, below 0.5 -> 2, from 0.5 (OpenAI's default) -> 3 (ours).
+below 0.15 -> 0, below 0.3 -> 1, below 0.5 -> 2, from 0.5 (OpenAI's default) -> 3 (ours); with --vad silero
+it is Silero's speech probability itself.
 semantic_vad (openai-agents' voice pipeline sends it by default) is our VAD too: it hears silence, not
 meaning, so `eagerness` picks the end-of-turn silence (EAGERNESS_SILENCE_MS), with server_vad's defaults
 for the rest. Its other fields (`create_response`, `interrupt_response`) are about responses: ignored.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import quoted
-from pipeline.segmenter import SegmenterOptions
+from pipeline.segmenter import MIN_HOLD, SegmenterOptions
 
 from .protocol import loads_shallow
 
@@ -82,8 +83,10 @@ def segmenter_options(base: SegmenterOptions, config: SessionConfig) -> Segmente
     if vad is None:
         return base
     end_silence = max(vad.silence_duration_ms / 1000, 0.03)
+    # threshold is a speech probability, as Silero's is (webrtcvad's modes are mapped from it)
     return dataclasses.replace(base, end_silence=end_silence, post_roll=min(base.post_roll, end_silence),
-                               pre_roll=vad.prefix_padding_ms / 1000, vad_aggressiveness=vad_mode(vad.threshold))
+                               pre_roll=vad.prefix_padding_ms / 1000, vad_aggressiveness=vad_mode(vad.threshold),
+                               vad_threshold=max(vad.threshold, MIN_HOLD))
 
 
 def _get(data: Any, key: str, kind: type | tuple[type, ...], param: str) -> Any:

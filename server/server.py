@@ -26,6 +26,7 @@ from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
 from pipeline.modeldir import ModelManifest, read_model_directory
 from pipeline.segmenter import SegmenterOptions
 from pipeline.providers import resolve_device
+from pipeline.vad import silero_session
 
 from .access import AuthFailures, install_redaction, proxy_networks
 from .config import ServerConfig, cost_tables, segmenter_options, tls_context
@@ -99,6 +100,8 @@ class Server:
         self.engine = engine
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
         self.segmenter_options = fit_segments(segmenter_options(config), self.model.manifest)
+        if config.vad == "silero":  # its model is loaded (and its sha256 checked) now, not by the first stream
+            silero_session()
         self.model_name = self.model.manifest.name
         # The server-wide hotwords (--hotwords FILE), added to every stream's own; ValueError when bad.
         self.hotwords = read_model_hotwords(config.hotwords, self.model) if config.hotwords else ()

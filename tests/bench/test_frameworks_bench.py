@@ -20,6 +20,6 @@ def test_frameworks_bench_measures_every_door(test_model_dir: Path) -> None:
     row = result["wer"]["0.5"]
     assert set(row) == set(DOORS)
     assert all(row[d]["words"] == row["upload"]["words"] > 0 and row[d]["errors"] >= 0 for d in DOORS)
-    assert "| 0.5 s |" in err and "pipecat" in err and "livekit" in err and "dg-livekit" in err
+    assert "| silence 0.5 s |" in err and "pipecat" in err and "livekit" in err and "dg-livekit" in err
     timing = result["deepgram_timing"]
     assert timing["interims"] > 0 and timing["speech_final_after_end_silence"]["count"] == 2

@@ -93,7 +93,8 @@ def test_the_wheel_holds_one_package_and_what_the_server_reads(wheel: Path) -> N
     assert top == {"unipad_asr"}, top  # no `server`, `models`, ... of ours at the top of site-packages
     assert {f"unipad_asr/{p}/__init__.py" for p in SHIPPED} <= set(names)
     for needed in ("models/demo/manifest.json", "models/demo/model.int8.onnx", "models/demo/tokens.txt",
-                   "clients/static/index.html", "clients/static/worklet.js"):
+                   "clients/static/index.html", "clients/static/worklet.js", "pipeline/data/silero_vad.onnx",
+                   "pipeline/data/silero_vad.LICENSE"):
         assert f"unipad_asr/{needed}" in names, needed
     assert not any(name.startswith(("unipad_asr/bench/", "unipad_asr/tests/")) for name in names)
 

@@ -1,6 +1,7 @@
 """`python -m export train-demo` and `eval`: bad input exits with one clear line; the training loop runs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,10 +21,10 @@ from export.train_demo import TrainOptions, build_model, demo_tokens, train, tra
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args: str, env: dict | None = None, prelude: str = "") -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, prelude: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
     code = f"import sys; {prelude}from export.__main__ import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=env, timeout=timeout)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, words: str, code: int = 1) -> None:
@@ -195,10 +196,61 @@ def test_a_few_training_steps_reduce_nothing_to_nan(precision: str) -> None:
 def test_one_step_smoke_run(tmp_path: Path) -> None:
     """The whole command with a 1-step budget: data, training, export, held-out eval, card, rename."""
     out = tmp_path / "demo"
-    proc = run_cli("train-demo", "--out", str(out), "--utterances", "40", "--steps", "1", "--eval-utterances", "4")
+    checkpoint = tmp_path / "checkpoint"
+    proc = run_cli("train-demo", "--out", str(out), "--utterances", "40", "--steps", "1", "--eval-utterances", "4",
+                   "--checkpoint", str(checkpoint), timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # fine-tuned from that checkpoint on room noise and the 24 kHz round trip (issue 36)
+    tuned = tmp_path / "tuned"
+    proc = run_cli("train-demo", "--out", str(tuned), "--utterances", "40", "--steps", "1", "--eval-utterances", "4",
+                   "--init-from", str(checkpoint), "--room-noise", "0.5", "--round-trip", "0.5", "--peak-lr", "1e-4",
+                   timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = json.loads((tuned / "manifest.json").read_text())["source"]
+    assert source["recipe"]["room_noise_probability"] == 0.5 and f"--init-from {checkpoint}" in source["command"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["training"]["steps"] == 1
     assert manifest["notice"] == demo_notice()  # the page's and the log's line about the demo model
     assert {"model.onnx", "model.int8.onnx", "tokens.txt", "README.md"} <= {p.name for p in out.iterdir()}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+def test_room_noise_touches_only_training_speech_and_leaves_the_rest_alone() -> None:
+    """--room-noise and --round-trip (issue 36) change neither texts, voices, rooms nor silences, nor the
+    held-out set; their shares and levels are the recipe's."""
+    recipe = synth.Recipe(long_silence_probability=0.35, room_noise_probability=0.5, round_trip_probability=0.3)
+    before = synth.sample_utterances(1000, 0, recipe=synth.Recipe(long_silence_probability=0.35))
+    after = synth.sample_utterances(1000, 0, recipe=recipe)
+    keep = ("text", "voice", "speed", "lead", "trail", "echo_delay", "rt60", "snr_db", "noise_seed")
+    assert [[getattr(u, k) for k in keep] for u in before] == [[getattr(u, k) for k in keep] for u in after]
+    speech = [u for u in after if u.text]
+    noisy = [u for u in speech if u.room_noise]
+    assert abs(len(noisy) / len(speech) - 0.5) < 0.05 and {u.room_noise for u in noisy} == set(synth.ROOM_NOISE_KINDS)
+    assert all(-60 <= u.room_noise_dbfs <= -35 for u in noisy) and not any(u.room_noise for u in after if not u.text)
+    assert abs(sum(u.round_trip for u in speech) / len(speech) - 0.3) < 0.05
+    assert synth.sample_utterances(300, 0, heldout=True) == synth.sample_utterances(300, 0, heldout=True, recipe=recipe)
+
+
+def test_room_noise_lies_under_the_whole_utterance_and_the_round_trip_keeps_its_length() -> None:
+    try:
+        synth.require_espeak()
+    except RuntimeError:
+        pytest.skip("espeak-ng is not installed here")
+    u = synth.Utterance(text="stop one", voice="en-us", words_per_minute=165, pitch=50, word_gap=2, speed=1.0,
+                        gain=1.0, lead=0.5, trail=0.5, snr_db=None, tilt=0.0, noise_seed=3)
+    clean = synth.render(u)
+    noisy = synth.render(dataclasses.replace(u, room_noise="brown", room_noise_dbfs=-45.0))
+    lead = int(0.5 * SAMPLE_RATE)
+    assert not clean[:lead].any() and noisy[:lead].all()  # digital silence before the speech, noise now ...
+    added = (noisy - clean).astype(np.float64)  # ... and under it, at its level
+    assert 20 * np.log10(np.sqrt(np.mean(added**2))) == pytest.approx(-45, abs=0.1)
+    tripped = synth.render(dataclasses.replace(u, round_trip=True))
+    assert len(tripped) == len(clean) and np.abs(tripped - clean).max() > 0
+    np.testing.assert_allclose(tripped, clean, atol=0.05)  # band-limited and requantised, the same speech
+
+
+def test_fine_tuning_needs_a_checkpoint_and_shares_are_checked(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo"), "--room-noise", "2"),
+                          "--room-noise must be from 0 to 1")
+    assert_one_line_error(run_cli("train-demo", "--out", str(tmp_path / "demo"), "--init-from", str(tmp_path)),
+                          "no model.pt and am.mvn there")

@@ -13,7 +13,7 @@ import soundfile
 from pipeline.audio import SAMPLE_RATE
 from pipeline.decoding import TokenTiming, Transcript, after_context, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
-from pipeline.trim import CONTEXT_SECONDS, JOIN_SILENCE, Context, Continuation, for_model, speech_in, trim_to_speech
+from pipeline.trim import CONTEXT_SECONDS, JOIN_SILENCE, Context, Continuation, for_model, segments_in, trim_to_speech
 
 
 def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
@@ -44,22 +44,25 @@ def test_a_longer_client_pre_roll_is_cut_to_the_models(demo_speech):
         assert for_model(usual, model) is usual  # the segmenter's own segments are already what the model hears
 
 
-def test_speech_in_a_whole_buffer_is_what_an_upload_segment_holds(demo_speech):
-    """2 s of silence before one utterance and 1.5 s after: the buffer becomes the segment the segmenter
-    cuts, times shifted by the buffer's offset; a buffer of silence or of a beep is no segment at all."""
-    first = demo_speech.utterances[0]
-    speech = demo_speech.audio[: int((first["end"] + 0.3) * SAMPLE_RATE)]
+def test_segments_in_a_whole_buffer_are_what_an_upload_of_it_holds(demo_speech):
+    """2 s of silence, two utterances with their pause, 1.5 s of silence: the buffer becomes the two segments
+    the segmenter cuts from it, times shifted by the buffer's offset (a commit holding two utterances is
+    not one segment, issue 36); a buffer of silence or of a beep is no segment at all."""
+    second = demo_speech.utterances[1]
+    speech = demo_speech.audio[: int((second["end"] + 0.3) * SAMPLE_RATE)]
     audio = np.concatenate([np.zeros(2 * SAMPLE_RATE, np.float32), speech, np.zeros(SAMPLE_RATE * 3 // 2, np.float32)])
     options = SegmenterOptions()
-    (usual,) = segments(audio, dataclasses.replace(options, partial_interval=0.0))
-    found = speech_in(audio, options, offset=5.0, segment=3)
-    assert found.segment == 3 and found.start == pytest.approx(usual.start + 5)
-    assert found.end == pytest.approx(usual.end + 5)
-    assert found.audio_start == pytest.approx(usual.audio_start + 5) == pytest.approx(found.start - options.pre_roll)
-    np.testing.assert_array_equal(found.audio, usual.audio)
+    usual = segments(audio, dataclasses.replace(options, partial_interval=0.0))
+    found = segments_in(audio, options, offset=5.0)
+    assert len(found) == len(usual) == 2
+    for mine, upload in zip(found, usual):
+        assert mine.segment == upload.segment and mine.start == pytest.approx(upload.start + 5)
+        assert mine.end == pytest.approx(upload.end + 5)
+        assert mine.audio_start == pytest.approx(upload.audio_start + 5) == pytest.approx(mine.start - options.pre_roll)
+        np.testing.assert_array_equal(mine.audio, upload.audio)
     t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
     beep = np.where((t > 1.0) & (t < 1.1), 0.2 * np.sin(2 * np.pi * 1000 * t), 0).astype(np.float32)
-    assert speech_in(np.zeros(3 * SAMPLE_RATE, np.float32), options) is None and speech_in(beep, options) is None
+    assert segments_in(np.zeros(3 * SAMPLE_RATE, np.float32), options) == [] and segments_in(beep, options) == []
 
 
 def test_words_start_at_the_speech_not_in_the_pre_roll():
@@ -202,11 +205,11 @@ def test_fragments_cut_between_words_say_what_the_whole_utterance_says():
     for entry in json.loads((DEMO_CLIPS / "transcripts.json").read_text()):
         speech, _ = soundfile.read(DEMO_CLIPS / entry["audio"], dtype="float32")
         audio = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.float32), speech, np.zeros(SAMPLE_RATE // 2, np.float32)])
-        whole = transcribe(speech_in(audio, options))
+        (whole,) = [transcribe(s) for s in segments_in(audio, options)]
         for before, after in zip(whole.words, whole.words[1:]):
             at = round((before.end + after.start) / 2 * SAMPLE_RATE)
-            pieces = [speech_in(audio[:at], options), speech_in(audio[at:], options, offset=at / SAMPLE_RATE)]
-            if None in pieces:  # the VAD hears no speech in a piece of less than a word
+            pieces = segments_in(audio[:at], options) + segments_in(audio[at:], options, offset=at / SAMPLE_RATE)
+            if len(pieces) != 2:  # the VAD hears no speech in a piece of less than a word
                 continue
             continuation, said = Continuation(options), []
             for piece in pieces:

@@ -164,6 +164,7 @@ async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--port", "70000"], "--port"),
     (["--vad-aggressiveness", "7"], "--vad-aggressiveness"),
+    (["--vad", "silero", "--vad-threshold", "0"], "--vad-threshold"),
     (["--end-silence", "0.01"], "--end-silence"),
     (["--device", "tpu"], "--device"),
     (["--certfile", "/nonexistent.pem", "--keyfile", "/nonexistent.key"], "--certfile"),
@@ -181,13 +182,14 @@ def test_cli_bad_flags_exit_2_in_one_line(argv, message, test_model_dir, capsys)
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_cli_unparsable_flag_is_an_argparse_error(capsys):
+@pytest.mark.parametrize("argv, flag", [(["--containers", "4,x"], "--containers"), (["--vad", "rnnoise"], "--vad")])
+def test_cli_unparsable_flag_is_an_argparse_error(argv, flag, capsys):
     from server.cli import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(["--containers", "4,x"])
+        main(argv)
     assert exit_.value.code == 2
-    assert "--containers" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
 
 
 def test_cli_missing_model_dir(tmp_path, capsys):

@@ -87,6 +87,22 @@ async def expect(ws: Any, kind: str) -> dict:
     return event
 
 
+async def commit_item(ws: Any, data: bytes, speech_seconds: float = 0.0) -> str:
+    """Append `data` in one event and commit it: one item, its deltas adding up to its transcript (returned);
+    its usage counts more than `speech_seconds`."""
+    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(data)}))
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    committed = await expect(ws, "input_audio_buffer.committed")
+    events = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
+    while events[-1]["type"] != f"{TRANSCRIPTION}.completed":
+        events.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
+    assert {e["item_id"] for e in events} == {committed["item_id"]}, events
+    assert {e["type"] for e in events[:-1]} <= {f"{TRANSCRIPTION}.delta"}, events
+    assert "".join(e["delta"] for e in events[:-1]) == events[-1]["transcript"]
+    assert events[-1]["usage"]["seconds"] > speech_seconds
+    return events[-1]["transcript"]
+
+
 async def test_raw_events_errors_and_manual_commits(serve_test_server, test_model_dir):
     """Mistakes are `error` events and the session goes on; without turn detection, commits make items."""
     transcripts = json.loads((DEMO / "transcripts.json").read_text())
@@ -141,16 +157,31 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
             assert updated["format"]["rate"] == 16000 and updated["turn_detection"] is None
             data = pcm16(audio)  # in one append of over 64 KiB: larger than a control message may be
             assert len(b64(data)) > 64 * 1024
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(data)}))
-            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            committed = await expect(ws, "input_audio_buffer.committed")
-            events = [json.loads(await asyncio.wait_for(ws.recv(), 30))]
-            while events[-1]["type"] != f"{TRANSCRIPTION}.completed":
-                events.append(json.loads(await asyncio.wait_for(ws.recv(), 30)))
-            assert {e["item_id"] for e in events} == {committed["item_id"]}
-            assert "".join(e["delta"] for e in events[:-1]) == events[-1]["transcript"]
+            transcript = await commit_item(ws, data)
             if knows_words(test_model_dir):
-                assert words(events[-1]["transcript"]) == words(transcripts[0]["text"])
+                assert words(transcript) == words(transcripts[0]["text"])
+
+
+async def test_a_commit_holding_two_utterances_is_cut_as_an_upload(serve_test_server, test_model_dir):
+    """A buffer of "stop", 0.8 s of pause and a digit string, committed at once (what pipecat's default mode
+    commits when its VAD missed the short word): one item whose words are the upload's for the same audio,
+    at 24 kHz and 16 kHz. Decoded as one segment, pause included, "stop" was lost (issue 36)."""
+    audio, _ = soundfile.read(DEMO / "stop_pause.wav", dtype="float32")
+    spoken = [u["text"] for u in json.loads((DEMO / "stop_pause.json").read_text())["speech"]]
+    async with serve_test_server(token=TOKEN) as url:
+        upload = (await sdk(url).audio.transcriptions.create(model="whisper-1", file=DEMO / "stop_pause.wav")).text
+        uri = f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription"
+        async with websockets.connect(uri, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            await expect(ws, "session.created")
+            for rate in (24000, 16000):
+                await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                    "input": {"format": {"type": "audio/pcm", "rate": rate}, "turn_detection": None}}}}))
+                await expect(ws, "session.updated")
+                data = pcm16(soxr.resample(audio, SAMPLE_RATE, rate) if rate != SAMPLE_RATE else audio)
+                transcript = await commit_item(ws, data, speech_seconds=2.5)  # from "stop" to the last digit
+                assert transcript
+                if knows_words(test_model_dir):
+                    assert words(transcript) == words(upload) == words(" ".join(spoken)), rate
 
 
 async def test_realtime_handshake_needs_the_token(serve_test_server):

@@ -1,9 +1,11 @@
 """Realtime session settings (server/realtime_events.py): both update shapes, and our VAD's mapping."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from pipeline.segmenter import SegmenterOptions
+from pipeline.segmenter import SegmenterOptions, validate_options
 from server.realtime_events import (EAGERNESS_SILENCE_MS, EventError, SessionConfig, TurnDetection, apply_update,
                                     segmenter_options, session_object, vad_mode)
 
@@ -64,6 +66,11 @@ def test_server_vad_maps_onto_our_segmenter():
     options = segmenter_options(base, SessionConfig(turn_detection=TurnDetection(100, 500, 0.2)))
     assert (options.end_silence, options.post_roll, options.pre_roll, options.vad_aggressiveness) == (0.1, 0.1, 0.5, 1)
     assert segmenter_options(base, SessionConfig(turn_detection=None)) == base
+    silero = segmenter_options(dataclasses.replace(base, vad="silero"),
+                               SessionConfig(turn_detection=TurnDetection(100, 500, 0.7)))
+    assert (silero.vad, silero.vad_threshold) == ("silero", 0.7)  # threshold is Silero's own probability
+    zero = segmenter_options(base, SessionConfig(turn_detection=TurnDetection(100, 500, 0.0)))
+    validate_options(zero)  # a threshold of 0 is a tiny probability, not "every frame"
 
 
 def turn_detection(config: SessionConfig, data: dict | None) -> TurnDetection | None:

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile
 import websockets
 from openai_testkit import DEMO, TOKEN, sdk, words
@@ -80,7 +81,8 @@ async def realtime_text(url: Any, audio: np.ndarray, turn_detection: dict | None
                 return event["transcript"]
 
 
-async def test_every_door_hears_the_speech_not_the_silence(serve_test_server):
+@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+async def test_every_door_hears_the_speech_not_the_silence(serve_test_server, vad):
     """2 s of quiet before and 1 s after each utterance: a Realtime commit without turn detection, Realtime
     server VAD with LiveKit's 600 ms prefix padding, an upload and our own stream give the model the same
     audio (the speech with the server's 0.3 s pre-roll), so the same words (bench/silence.py measures the
@@ -88,7 +90,7 @@ async def test_every_door_hears_the_speech_not_the_silence(serve_test_server):
     and both added words."""
     clips = padded_clips(3)
     audios = [a for a, _ in clips]
-    async with serve_test_server(token=TOKEN) as url:
+    async with serve_test_server(token=TOKEN, vad=vad) as url:
         client = sdk(url)
         uploads = [(await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", wav(a)))).text
                    for a in audios]
@@ -103,14 +105,15 @@ async def test_every_door_hears_the_speech_not_the_silence(serve_test_server):
     assert all(uploads)
 
 
-async def test_a_buffer_without_speech_has_an_empty_transcript(serve_test_server):
+@pytest.mark.parametrize("vad", ["webrtc", "silero"])
+async def test_a_buffer_without_speech_has_an_empty_transcript(serve_test_server, vad):
     """3 s of digital silence (a muted microphone), and a quiet room with a 100 ms beep: a Realtime commit
     without turn detection answers an empty transcript, as OpenAI's does, and so does an upload. Before, the
     commit decoded them whole, and the demo model heard "oh" in the silence and "up" in the beep."""
     t = np.arange(3 * SAMPLE_RATE) / SAMPLE_RATE
     beep = quiet(3.0, 7) + np.where((t > 1.0) & (t < 1.1), 0.2 * np.sin(2 * np.pi * 1000 * t), 0).astype(np.float32)
     buffers = [np.zeros(3 * SAMPLE_RATE, np.float32), exact(beep)]
-    async with serve_test_server(token=TOKEN) as url:
+    async with serve_test_server(token=TOKEN, vad=vad) as url:
         uploads = [(await sdk(url).audio.transcriptions.create(model="whisper-1", file=("a.wav", wav(a)))).text
                    for a in buffers]
         committed = [await realtime_text(url, a, None) for a in buffers]
