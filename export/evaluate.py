@@ -48,7 +48,11 @@ def normalize(text: str) -> list[str]:
 
 def word_errors(reference: str, hypothesis: str) -> int:
     """Levenshtein distance between the word sequences (substitutions + deletions + insertions)."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
+    return edit_distance(normalize(reference), normalize(hypothesis))
+
+
+def edit_distance(ref, hyp) -> int:
+    """Levenshtein distance between two sequences (words, token ids)."""
     row = list(range(len(hyp) + 1))
     for i, r in enumerate(ref, 1):
         previous, row[0] = row[0], i
