@@ -75,7 +75,10 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
                          f"{max(too_long):g} s test audio")
     report: dict = {"model": str(directory.path), "container_seconds": shapes.container_samples / SAMPLE_RATE,
                     "device": device, "precisions": {}}
-    for precision in precisions or sorted(manifest.graphs):
+    precisions = precisions or sorted(manifest.graphs)
+    if "fp32" in manifest.graphs and set(precisions) - {"fp32"}:
+        reference(directory, device, lengths)  # before any precision's sessions: one set in memory at a time
+    for precision in precisions:
         served, served_overrides = sessions(directory, precision, device, shapes.container_samples,
                                             shapes.prompt_slots, audio_slots(dims, shapes), shapes.cache_slots)
         histogram: dict[str, int] = {}
