@@ -51,7 +51,7 @@ def test_manifest_lists_three_graphs_per_precision(model_dir):
 
 def test_verify_passes_every_precision_that_keeps_fp32s_answer(model_dir):
     """Padding invariance holds for every precision; int8 fails only its agreement with fp32 (on these random
-    weights no int8 recipe keeps it: tests/export/test_int8_agreement.py)."""
+    weights no int8 recipe keeps it: tests/export/test_qwen3_sensevoice_agreement.py)."""
     report = verify(model_dir, None, None, (1.5, 6.1))
     assert report["static_shapes"] and not report["forbidden_ops"]
     for precision, entry in report["precisions"].items():
