@@ -19,6 +19,7 @@ logits and the encoder's output are reported apart ("max_aligned_err").
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def sessions(directory: ModelDirectory, precision: str, device: str, samples: in
 
 
 def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tuple[float, ...], device: str,
-           agreement_audio: tuple = ()) -> dict:
+           agreement_audio: tuple[Path, ...] = ()) -> dict:
     manifest = directory.manifest
     dims, shapes = manifest.dimensions, Qwen3Shapes.from_dimensions(manifest.dimensions)
     window, window_tokens = window_geometry(dims)
@@ -153,18 +154,11 @@ def clip_output(decoder: Qwen3Decoder, audio: np.ndarray, forced: tuple[int, ...
                                                              ("prefill_logits", fed.first_logits)))
 
 
-_references: dict = {}  # (model dir, device, clip names) -> fp32's answers: decoded once per verify
-
-
 def reference(directory: ModelDirectory, device: str, clips: dict[str, np.ndarray]) -> dict[str, ClipOutput]:
-    """fp32's served answer on each clip (its sessions released before the precision's are made: at 0.6B
-    each set holds 2.6 GB)."""
-    key = (str(directory.path), device, tuple(clips))
-    if key not in _references:
-        _references.clear()
-        shapes = Qwen3Shapes.from_dimensions(directory.manifest.dimensions)
-        made, _ = sessions(directory, "fp32", device, shapes.container_samples, shapes.prompt_slots,
-                           audio_slots(directory.manifest.dimensions, shapes), shapes.cache_slots)
-        decoder = Qwen3Decoder(made, directory.manifest.dimensions["prompt"], shapes)
-        _references[key] = {label: clip_output(decoder, audio) for label, audio in clips.items()}
-    return _references[key]
+    """fp32's served answer on each clip, decoded before any precision's sessions are made (its own are
+    released on return: at 0.6B each set holds 2.6 GB)."""
+    shapes = Qwen3Shapes.from_dimensions(directory.manifest.dimensions)
+    made, _ = sessions(directory, "fp32", device, shapes.container_samples, shapes.prompt_slots,
+                       audio_slots(directory.manifest.dimensions, shapes), shapes.cache_slots)
+    decoder = Qwen3Decoder(made, directory.manifest.dimensions["prompt"], shapes)
+    return {label: clip_output(decoder, audio) for label, audio in clips.items()}
