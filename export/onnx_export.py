@@ -90,7 +90,7 @@ class Int8Recipe:
     op_types: tuple[str, ...] = ("MatMul", "Gemm")
 
 
-# SenseVoice's and Qwen3-ASR's recipe until each has its own measured one (issue 40).
+# SenseVoice's recipe (Qwen3-ASR's are export/qwen3_quantize.py's RECIPES; issue 40).
 DEFAULT_INT8 = Int8Recipe()
 
 
@@ -192,6 +192,7 @@ def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None
         ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         model = onnx.load(str(optimized), load_external_data=False)
         del model.graph.value_info[:]
+        _matmul_nbits_as_matmul(model)
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     problems = []
     for info in list(inferred.graph.value_info) + list(inferred.graph.output):
@@ -200,6 +201,24 @@ def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None
         if not tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
             problems.append(f"{info.name} {[d.dim_param or d.dim_value for d in dims]}")
     return problems
+
+
+def _matmul_nbits_as_matmul(model) -> None:
+    """Each MatMulNBits (8-bit weights, export/qwen3_quantize.py) as a MatMul over a weightless [K, N] input
+    of the same shape: ONNX's shape inference knows no com.microsoft operator, and would leave every tensor
+    after one unknown."""
+    import onnx
+    from onnx import helper
+
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "MatMulNBits":
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weight = f"{node.name}_shape_only_weight"
+        model.graph.input.append(helper.make_tensor_value_info(weight, onnx.TensorProto.FLOAT,
+                                                               [attributes["K"], attributes["N"]]))
+        model.graph.node[index].CopyFrom(helper.make_node("MatMul", [node.input[0], weight], list(node.output),
+                                                          name=node.name))
 
 
 def _has_external_data(path: Path) -> bool:

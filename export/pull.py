@@ -26,7 +26,6 @@ from .sensevoice import parse_precisions, user_path
 
 INSTALL_EXPORT = ("pip install -e '.[export]' (without an NVIDIA GPU, first: "
                   "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
-DEFAULT_PRECISIONS = "fp32,int8"
 EXIT_INTERRUPTED = 130
 LOCK_FILE = ".lock"
 
@@ -35,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help=f"catalogue name: {', '.join(sorted(MODELS))}")
     parser.add_argument("--source", choices=HUBS, help="hub to download from (default: Hugging Face; "
                         "HF_ENDPOINT selects a mirror)")
-    parser.add_argument("--precision", default=DEFAULT_PRECISIONS, help=f"graphs to export (default {DEFAULT_PRECISIONS})")
+    parser.add_argument("--precision", help="graphs to export (default: the catalogue's, fp32,int8; fp32 for "
+                        "qwen3-asr-0.6b, whose int8 does not keep fp32's answer)")
     parser.add_argument("--out", type=user_path, help="model directory to create (default: the cache, where "
                         "`python -m server --model NAME` finds it; $UNIPAD_HOME moves the cache)")
     parser.add_argument("--force", action="store_true", help="export again over an existing model directory")
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     entry = lookup(args.name)
     source = entry.source(args.source)
-    precisions = parse_precisions(args.precision)
+    precisions = parse_precisions(args.precision or entry.precisions)
     out = args.out or model_path(entry.name)
     serve = f"python -m server --model {entry.name if args.out is None else out}"
     if (out / MANIFEST_FILE).is_file() and not args.force:

@@ -30,9 +30,15 @@ The in-graph decoding outputs, where present, must equal the host's argmax and t
 
 Precisions against fp32 (issue 40): every other precision's answers alone on the same clips (the test
 clips, and any --agreement-audio speech) are compared with fp32's (export/agreement.py: token counts, token
-agreement by edit distance, max log-prob error, the family's aligned values), and must meet the family's
-AgreementBound: Paraformer's CIF token count within 5 % of fp32's on every clip (verify_paraformer.AGREEMENT).
-A family without a bound is not compared (yet).
+agreement by edit distance and until the first difference, score errors, the family's aligned values), and
+must meet the family's AgreementBound, what a faithful quantisation meets (docs/benchmarks.md, issue 40):
+    Paraformer  the CIF token count within 5 % of fp32's on every clip (verify_paraformer.AGREEMENT)
+    SenseVoice  CTC greedy tokens >= 0.85 of fp32's by edit distance, the log-prob of the token fp32 picks
+                in each frame within 0.5 (CTC_AGREEMENT)
+    Qwen3-ASR   >= 90 % of fp32's greedy tokens kept until the first difference, logits within 0.25 with
+                fp32's tokens fed (verify_qwen3.AGREEMENT); no int8 recipe tried meets it on random weights
+(One token lost is always allowed: verify's 0.3-1 s clips have 5-9 tokens, where one flipped near-tie is
+11-20 %; the tiny random SenseVoice's int8 flips one of 5 at 0.7 s.)
 The last line printed is one JSON object with the figures ("agreement" per precision); the exit status is
 non-zero when any check fails.
 """
@@ -48,7 +54,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, OUTPUT_NAMES, read_model_directory
 from pipeline.providers import provider_config
 
-from .agreement import ClipOutput, add_agreement, read_clips
+from .agreement import AgreementBound, ClipOutput, add_agreement, agreement_line, read_clips
 from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
 from .sensevoice import user_path
 
@@ -63,6 +69,13 @@ FP16_MIN_COSINE = 0.99999
 # most (issue 37: int8 moved by 0.03 at 0.4 s while 5, 10 and 29 s were bit-identical).
 DEFAULT_LENGTHS = (0.3, 0.4, 0.7, 1.0, 5.0, 10.0, 29.0)
 BATCH_ROWS = 4  # the batch-invariance check: the clip as row 0, other speech-like clips in the other rows
+
+
+# SenseVoice's CTC output: greedy tokens (1 - edit distance / fp32's) and the log-prob of the token fp32 picks
+# in each frame. int8 (per-tensor dynamic MatMul) keeps 0.93-1.0 of the trained demo model's tokens within
+# 0.33 (its WER 2.72 % against fp32's 2.68 %) and 0.88-0.92 of the full-size random model's within 0.04
+# (random weights' flat posteriors: near-ties flip; docs/benchmarks.md, issue 40).
+CTC_AGREEMENT = AgreementBound(min_token_agreement=0.85, max_reference_token_err=0.5)
 
 
 def make_session(path: Path, samples: int | None, device: str = "cpu", batch: int = 1,
@@ -131,7 +144,7 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
     if directory.manifest.architecture == "qwen3-asr":
         from .verify_qwen3 import verify as verify_qwen3
 
-        return verify_qwen3(directory, precisions, lengths, device)
+        return verify_qwen3(directory, precisions, lengths, device, agreement_audio)
     container = container or directory.manifest.container_seconds
     container_samples = int(round(container * SAMPLE_RATE))
     too_long = [s for s in lengths if s * SAMPLE_RATE > container_samples]
@@ -167,6 +180,7 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
                 entry["lengths"][label], outputs.setdefault(precision, {})[label] = stages.check(audio, padded)
                 continue
             alone = run_session(alone_session, audio, len(audio))[0]
+            outputs.setdefault(precision, {})[label] = ctc_output(alone)
             in_container = run_session(padded_session, padded, len(audio), OUTPUT_NAMES[:1] + (
                 DECODING_OUTPUT_NAMES if decoding else ()))
             result = compare(alone, in_container[0])
@@ -178,15 +192,17 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
             if decoding:
                 result["decoding_outputs_equal"] = decoding_equal(*in_container, directory.manifest.top_k)
             entry["lengths"][label] = result
-        if paraformer:
-            outputs[precision] |= {name: stages.clip_output(clip) for name, clip in extra_clips.items()}
+        answer = stages.clip_output if paraformer else lambda clip: ctc_output(run_session(alone_session, clip, len(clip))[0])
+        outputs[precision] |= {name: answer(clip) for name, clip in extra_clips.items()}
         report["precisions"][precision] = entry
         entry["passed"] = _passed(precision, entry, model_blocks(directory.manifest.dimensions))
+    clips = {**test_clips(lengths), **extra_clips}
     if paraformer:
         from .verify_paraformer import AGREEMENT, reference_outputs
 
-        add_agreement(report, outputs, AGREEMENT, lambda: reference_outputs(
-            directory, container_samples, device, {**test_clips(lengths), **extra_clips}))
+        add_agreement(report, outputs, AGREEMENT, lambda: reference_outputs(directory, container_samples, device, clips))
+    else:
+        add_agreement(report, outputs, CTC_AGREEMENT, lambda: ctc_reference(directory, device, clips))
     exact = [r for p, e in report["precisions"].items() if p != "fp16" for r in e["lengths"].values()]
     results = exact or [r for e in report["precisions"].values() for r in e["lengths"].values()]
     report["max_abs_err"] = max(r["max_abs_err"] for r in results)
@@ -202,6 +218,19 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
 def test_clips(lengths: tuple[float, ...]) -> dict[str, np.ndarray]:
     """verify's speech-like test clips by label ("5s")."""
     return {f"{seconds:g}s": deterministic_waveform(seconds, seed=int(seconds * 10)) for seconds in lengths}
+
+
+def ctc_output(logprobs: np.ndarray) -> ClipOutput:
+    """A clip's CTC log-probs [frames, vocab] as verify compares precisions: the greedy tokens, each frame's row."""
+    return ClipOutput(tuple(greedy_tokens(logprobs)), logprobs)
+
+
+def ctc_reference(directory, device: str, clips: dict[str, np.ndarray]) -> dict[str, ClipOutput] | None:
+    """fp32's answers on `clips` alone when fp32 was not among the verified precisions (None: no fp32)."""
+    if "fp32" not in directory.manifest.files:
+        return None
+    session = make_session(directory.onnx_path("fp32"), None, device)
+    return {name: ctc_output(run_session(session, audio, len(audio))[0]) for name, audio in clips.items()}
 
 
 def decoding_equal(logprobs: np.ndarray, best_ids, best_logprobs, topk_ids, topk_logprobs, k: int) -> bool:
@@ -292,13 +321,7 @@ def run(args: argparse.Namespace) -> int:
                   + (f"; token containers {', '.join(r['token_containers'])}, identical "
                      f"{r['token_containers_identical']}" if "token_containers" in r else ""))
         if entry.get("agreement"):
-            a = entry["agreement"]
-            counts = ", ".join(f"{clip} {r}->{n}" for clip, (r, n) in a["counts"].items())
-            print(f"[{precision}] against {a['reference']}: counts {counts}; largest count change "
-                  f"{a['max_count_change']:.1%} (bound {a['bound']['max_count_change']}), token agreement "
-                  f"{a['token_agreement']:.1%}, max log-prob error {a['max_logprob_err']:.3g}"
-                  + "".join(f", max {k} error {v:.3g}" for k, v in a["max_aligned_err"].items())
-                  + ("" if a["passed"] else " -- NOT MET"))
+            print(f"[{precision}] {agreement_line(entry['agreement'])}")
         if entry["forbidden_ops"]:
             print(f"[{precision}] FORBIDDEN operators for fixed-shape serving: {', '.join(entry['forbidden_ops'])}")
         if entry["non_static_shapes"]:

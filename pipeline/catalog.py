@@ -51,6 +51,7 @@ class CatalogModel:
     exporter: str  # the module of export/ with export_checkpoint(...), see the module docstring
     sources: tuple[HubSource, ...]  # in order of preference
     files: tuple[HubFile, ...]
+    precisions: str = "fp32,int8"  # what `pull` exports unless told: int8 where it keeps fp32's answer (issue 40)
 
     def source(self, hub: str | None) -> HubSource:
         """The preferred source, or the one on `hub`."""
@@ -105,6 +106,7 @@ QWEN3_ASR_0_6B = CatalogModel(
     description="Qwen3-ASR-0.6B: 30 languages and 22 Chinese dialects, language identification (LLM decoder)",
     exporter="qwen3_asr",
     sources=(HubSource("hf", "Qwen/Qwen3-ASR-0.6B", "5eb144179a02acc5e5ba31e748d22b0cf3e303b0"),),
+    precisions="fp32",  # no int8 recipe tried keeps fp32's greedy tokens (export/qwen3_quantize.py)
     files=(
         HubFile("config.json", 6_193, "76d3ae4601ce939830b2517f4a6cadb86cc51316c3900af6b020b051c21a478c"),
         HubFile("model.safetensors", 1_876_091_704,

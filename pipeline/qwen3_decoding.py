@@ -180,15 +180,17 @@ class Qwen3Decoder:
     def decode_container(self, container: np.ndarray, valid: int, max_new_tokens: int | None = None,
                          prompt_slots: int | None = None, cache_slots: int | None = None,
                          ignore_eos: bool = False, language: str | None = None,
-                         system: Sequence[int] | None = None) -> Qwen3Result:
+                         system: Sequence[int] | None = None, forced_tokens: list[int] | None = None) -> Qwen3Result:
         """As decode, for a container [1, samples] already filled (what lies past `valid` is ignored);
         prompt_slots/cache_slots other than the manifest's are for verification only (prompt_slots: exactly
         that many, never fewer by `prompt_step`); `ignore_eos` goes on
-        past an end token (the warm-up, which must run every graph)."""
+        past an end token (the warm-up, which must run every graph); `forced_tokens` feeds those tokens
+        instead of the argmax (teacher forcing: verify compares int8's logits with fp32's on fp32's tokens)."""
         exact_prompt = prompt_slots is not None
         prompt_slots = prompt_slots or self.shapes.prompt_slots
         cache_slots = cache_slots or self.shapes.cache_slots
-        limit = min(max_new_tokens or self.shapes.max_new_tokens, cache_slots)
+        limit = min(max_new_tokens or self.shapes.max_new_tokens, cache_slots,
+                    len(forced_tokens) if forced_tokens is not None else cache_slots)
         embeds, token_lengths = self.sessions[ENCODER].run(
             None, {"audio": container.astype(np.float32, copy=False), "audio_lengths": np.array([valid], np.int32)})
         audio_tokens = int(token_lengths[0])
@@ -201,8 +203,8 @@ class Qwen3Decoder:
         cache_keys, cache_values = (grown(prefilled, sizing.cache_size(length)) for prefilled in (keys, values))
         first_logits, step_logits, tokens = logits[0], [], []
         position = length
-        for _ in range(limit):
-            token = int(logits[0].argmax())
+        for index in range(limit):
+            token = int(logits[0].argmax()) if forced_tokens is None else forced_tokens[index]
             if token in self.eos and not ignore_eos:
                 break
             tokens.append(token)
