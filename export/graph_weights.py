@@ -70,6 +70,7 @@ def rename_weights_by_content(path: Path, prefix: str) -> None:
     """Rename each initializer of the graph at `path` to `prefix` + the sha1 of its dtype, shape and bytes,
     merging identical ones, with its layout kept (its weights in one external file when it had one). The
     names and files are those of onnx.load + numpy_helper + save_graph, byte for byte."""
+    import onnx
     from onnx import TensorProto, helper
 
     path = Path(path)
@@ -103,8 +104,6 @@ def rename_weights_by_content(path: Path, prefix: str) -> None:
     if external:
         os.replace(staging, data)  # after the maps of the old file are closed (Windows refuses otherwise)
         data.chmod(path.stat().st_mode & 0o777)
-    import onnx
-
     onnx.save_model(model, str(path))
 
 
@@ -140,7 +139,8 @@ def _gemms_as_matmuls(graph, initializers: dict, transposed: dict[str, str]) -> 
                 b += "_Transposed"
         biased = len(node.input) > 2
         out = node.output[0] + ("_MatMul" if biased else "")
-        nodes.append(helper.make_node("MatMul", [node.input[0], b], [out], name=node.name + "_MatMul" if node.name else ""))
+        nodes.append(helper.make_node("MatMul", [node.input[0], b], [out],
+                                      name=node.name + "_MatMul" if node.name else ""))
         if biased:
             nodes.append(helper.make_node("Add", [out, node.input[2]], list(node.output),
                                           name=node.name + "_Add" if node.name else ""))
@@ -156,7 +156,7 @@ def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
     1.7B decoder would need 40). Its weights go to "<dst>.data" when they pass `external_bytes`."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
     from onnxruntime.quantization.quant_utils import __producer__, __version__, quantize_data
 
     src, dst = Path(src), Path(dst)
@@ -197,7 +197,8 @@ def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
             a, b = node.input[0], node.input[1]
             if a not in activations:
                 activations[a] = (a + "_quantized", a + "_scale", a + "_zero_point")
-                new_nodes.append(helper.make_node("DynamicQuantizeLinear", [a], list(activations[a]), a + "_QuantizeLinear"))
+                new_nodes.append(helper.make_node("DynamicQuantizeLinear", [a], list(activations[a]),
+                                                  a + "_QuantizeLinear"))
             if b not in done:
                 source = initializers[source_of.get(b, b)]
                 array = np.frombuffer(read(source), dtype=np.float32).reshape(tuple(source.dims))
@@ -206,7 +207,8 @@ def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
                 zero_point, scale, values = quantize_data(array.flatten(), TensorProto.INT8, True, reduce_range=False,
                                                           min_real_range=None)
                 del array
-                new_initializers.append(helper.make_tensor(b + "_scale", TensorProto.FLOAT, [], scale.reshape(-1).tolist()))
+                new_initializers.append(helper.make_tensor(b + "_scale", TensorProto.FLOAT, [],
+                                                           scale.reshape(-1).tolist()))
                 new_initializers.append(helper.make_tensor(b + "_zero_point", TensorProto.INT8, [],
                                                            zero_point.reshape(-1).tolist()))
                 dims = source.dims[::-1] if b in source_of else source.dims

@@ -223,8 +223,8 @@ def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], n
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--checkpoint", type=user_path,
-                         help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's config.json, model.safetensors, "
-                              "vocab.json, tokenizer_config.json)")
+                         help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's or -1.7B's config.json, "
+                              "model.safetensors or its shards and index, vocab.json, tokenizer_config.json)")
     weights.add_argument("--random-init", choices=("tiny", "0.6b", "1.7b"), help="seeded random weights of this size")
     parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default="fp32,int8", help="comma list of fp32, int8, fp16 (default fp32,int8)")
