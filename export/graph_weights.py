@@ -2,7 +2,7 @@
 
 `onnx.load` of a graph with its external data, the numpy arrays made from it and the new TensorProtos are
 three copies of the weights (7 GiB for Qwen3-ASR-0.6B's 2.4 GB prefill, the export's peak). Here the graph
-is read without its external data, each weight is read from the memory-mapped data file only while it is
+is read without its external data, each weight is read from the data file only while it is
 hashed and copied to the new data file, and the file written is the one `onnx.save_model` writes
 (export/onnx_export.py save_graph: one data file, size_threshold 1024, tensors in order and unpadded).
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import sys
 from pathlib import Path
 
 from .onnx_export import external_data_file, load_graph
 
+QUANTIZE_SLICE = 1 << 24  # elements quantised at once (64 MB of float32)
 SIZE_THRESHOLD = 1024  # save_graph's: onnx moves a tensor out when sys.getsizeof(raw_data) >= this
 _EMPTY_BYTES_SIZE = sys.getsizeof(b"")
 
@@ -41,29 +41,25 @@ def _write_external(tensor, raw, out, location: str) -> None:
 
 
 class _WeightReader:
-    """Each initializer's bytes: inline ones from the proto, external ones as views of the mapped files."""
+    """Each initializer's bytes: inline ones from the proto, external ones read from their file when asked
+    (plain reads, not a memory map: the mapped pages would count as the process's memory until unmapped)."""
 
     def __init__(self, directory: Path, stack: contextlib.ExitStack) -> None:
-        self.directory, self.stack, self.maps = directory, stack, {}
+        self.directory, self.stack, self.files = directory, stack, {}
 
-    def __call__(self, tensor) -> memoryview | bytes:
+    def __call__(self, tensor) -> bytes:
         from onnx import TensorProto, numpy_helper
 
         if tensor.data_location != TensorProto.EXTERNAL:
             return tensor.raw_data if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).tobytes()
         entries = _external_entries(tensor)
         location = entries["location"]
-        if location not in self.maps:
-            path = self.directory / location
-            with open(path, "rb") as handle:
-                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
-            if mapped:
-                self.stack.callback(mapped.close)
-            self.maps[location] = memoryview(mapped)
-            self.stack.callback(self.maps[location].release)
-        offset = int(entries.get("offset", 0))
-        length = int(entries["length"]) if "length" in entries else len(self.maps[location]) - offset
-        return self.maps[location][offset:offset + length]
+        if location not in self.files:
+            self.files[location] = self.stack.enter_context(open(self.directory / location, "rb"))
+        handle = self.files[location]
+        handle.seek(int(entries.get("offset", 0)))
+        data = handle.read(int(entries["length"])) if "length" in entries else handle.read()
+        return data
 
 
 def rename_weights_by_content(path: Path, prefix: str) -> None:
@@ -102,7 +98,7 @@ def rename_weights_by_content(path: Path, prefix: str) -> None:
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept.values())
     if external:
-        os.replace(staging, data)  # after the maps of the old file are closed (Windows refuses otherwise)
+        os.replace(staging, data)  # once the old file is closed (Windows refuses otherwise)
         data.chmod(path.stat().st_mode & 0o777)
     onnx.save_model(model, str(path))
 
@@ -147,6 +143,22 @@ def _gemms_as_matmuls(graph, initializers: dict, transposed: dict[str, str]) -> 
     return nodes
 
 
+def quantize_weight(data):
+    """(zero point, scale, int8 values) of the flat float32 `data` as ONNX Runtime's quantize_data gives them
+    for symmetric QInt8 (its own two steps: the range of the whole tensor, then each element), the elements
+    a slice at a time: its temporaries are a few copies of the tensor, 6 GB for the 1.7B lm_head."""
+    import numpy as np
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import compute_data_quant_params, quantize_nparray
+
+    zero_point, scale = compute_data_quant_params(data, TensorProto.INT8, True, False, None, None, None)
+    values = np.empty(data.shape, np.int8)
+    for start in range(0, len(data), QUANTIZE_SLICE):
+        values[start:start + QUANTIZE_SLICE] = quantize_nparray(TensorProto.INT8, data[start:start + QUANTIZE_SLICE],
+                                                                scale, zero_point)
+    return zero_point, scale, values
+
+
 def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
     """Dynamic int8 of the graph at `src` into `dst`, as onnxruntime.quantization.quantize_dynamic makes it
     with export/onnx_export.py quantize_int8's options (MatMul/Gemm, constant B only, QInt8 weights per
@@ -157,7 +169,7 @@ def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
-    from onnxruntime.quantization.quant_utils import __producer__, __version__, quantize_data
+    from onnxruntime.quantization.quant_utils import __producer__, __version__
 
     src, dst = Path(src), Path(dst)
     model = load_graph(src, load_external_data=False)
@@ -204,8 +216,7 @@ def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
                 array = np.frombuffer(read(source), dtype=np.float32).reshape(tuple(source.dims))
                 if b in source_of:
                     array = np.ascontiguousarray(array.T)
-                zero_point, scale, values = quantize_data(array.flatten(), TensorProto.INT8, True, reduce_range=False,
-                                                          min_real_range=None)
+                zero_point, scale, values = quantize_weight(array.ravel())
                 del array
                 new_initializers.append(helper.make_tensor(b + "_scale", TensorProto.FLOAT, [],
                                                            scale.reshape(-1).tolist()))

@@ -125,7 +125,14 @@ def name_weights_by_content(path: Path) -> None:
 
 
 def release_weights(model) -> None:
-    """Free the model's weights (its tensors move to the meta device) though callers still hold the module."""
+    """Free what can be freed of the model's weights once its graphs are written. torch.onnx keeps references
+    to them after the export (moving the module to the meta device alone freed nothing), so each storage is
+    shrunk to nothing where torch allows it (not those it has handed to numpy: most MatMul weights), then
+    the tensors go to the meta device: a spent model fails loudly if used."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.untyped_storage().resizable():  # not the few constants made from numpy arrays
+                tensor.untyped_storage().resize_(0)
     model.to(torch.device("meta"))
     gc.collect()
 
@@ -167,10 +174,11 @@ def random_model(size: str, seed: int):
 
 def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
           container: float, max_new_tokens: int, notice: str = "", external_data: bool | None = None) -> Path:
-    """Export `model` to the model directory `out`. The model is spent: fp16 halves it in place and its
-    weights are freed once its graphs are written, before int8 quantises them from the fp32 files, so the
-    export's peak is about the model once, not the model plus a graph (docs/benchmarks.md). `external_data`:
-    weights in "<graph>.data" files (default: when the fp32 weights pass protobuf's 2 GB)."""
+    """Export `model` to the model directory `out`. The model is spent: fp16 halves it in place (no copy)
+    and its weights are released once its graphs are written; int8 is then quantised from the fp32 files a
+    weight at a time (export/graph_weights.py), so the export's peak is about the model once, not the model
+    plus copies of a graph (docs/benchmarks.md). `external_data`: weights in "<graph>.data" files (default:
+    when the fp32 weights pass protobuf's 2 GB; int8 graphs by their own size)."""
     unsupported = [p for p in precisions if p not in GRAPH_FILES]
     if unsupported:
         raise ValueError(f"qwen3-asr exports {', '.join(GRAPH_FILES)} (not {unsupported[0]} yet)")
