@@ -17,7 +17,8 @@ from pathlib import Path
 from .onnx_export import external_data_file, load_graph
 
 QUANTIZE_SLICE = 1 << 24  # elements quantised at once (64 MB of float32)
-SIZE_THRESHOLD = 1024  # save_graph's: onnx moves a tensor out when sys.getsizeof(raw_data) >= this
+SIZE_THRESHOLD = 1024
+_PLAIN_FIELDS = {"dims", "data_type", "name", "raw_data"}  # save_graph's: onnx moves a tensor out when sys.getsizeof(raw_data) >= this
 _EMPTY_BYTES_SIZE = sys.getsizeof(b"")
 
 
@@ -74,29 +75,31 @@ def rename_weights_by_content(path: Path, prefix: str) -> None:
     data = external_data_file(path)
     external = data.exists()
     staging = data.with_name(data.name + ".partial")
-    renamed, kept = {}, {}
+    renamed, seen, duplicates = {}, set(), []
     with contextlib.ExitStack() as stack:
         read = _WeightReader(path.parent, stack)
         out = stack.enter_context(open(staging, "wb")) if external else None
-        for tensor in model.graph.initializer:
-            raw = read(tensor)
+        for index, tensor in enumerate(model.graph.initializer):  # changed in place: no copy of an inline graph
+            raw, old = read(tensor), tensor.name
             dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
             digest = hashlib.sha1(f"{dtype.str}{tuple(tensor.dims)}".encode())
             digest.update(raw)
-            renamed[tensor.name] = name = prefix + digest.hexdigest()
-            if name in kept:
-                continue
-            new = TensorProto(dims=tensor.dims, data_type=tensor.data_type, name=name)
-            if out is not None and _goes_external(len(raw)):
-                _write_external(new, raw, out, data.name)
+            renamed[old] = name = prefix + digest.hexdigest()
+            if name in seen:
+                duplicates.append(index)
+            elif out is not None and _goes_external(len(raw)):
+                tensor.CopyFrom(TensorProto(dims=tensor.dims, data_type=tensor.data_type, name=name))
+                _write_external(tensor, raw, out, data.name)
+            elif {field.name for field, _ in tensor.ListFields()} == _PLAIN_FIELDS:
+                tensor.name = name  # the layout numpy_helper.from_array writes: kept as it is
             else:
-                new.raw_data = bytes(raw)
-            kept[name] = new
+                tensor.CopyFrom(TensorProto(dims=tensor.dims, data_type=tensor.data_type, name=name, raw_data=bytes(raw)))
+            seen.add(name)
             del raw
     for node in model.graph.node:
         node.input[:] = [renamed.get(name, name) for name in node.input]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept.values())
+    for index in reversed(duplicates):
+        del model.graph.initializer[index]
     if external:
         os.replace(staging, data)  # once the old file is closed (Windows refuses otherwise)
         data.chmod(path.stat().st_mode & 0o777)
