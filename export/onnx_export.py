@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 OPSET = 18  # DirectML runs opset <= 20; 18 is the newest the exporter and every DML build agree on
 EXPORT_SAMPLES = 5 * SAMPLE_RATE  # example length for tracing; the samples axis stays free
 MAX_EXPORT_SAMPLES = 600 * SAMPLE_RATE
+EXTERNAL_DATA_BYTES = 1_800_000_000  # weights past this go to "<graph>.data" (protobuf stops at 2 GB)
 # Operators that defeat fixed-shape serving: control flow, value-dependent shapes, recurrent kernels.
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the torch exporter's record of the module path of each node
 # Never quantised, whatever the recipe: the in-graph frontend's DFT and mel products (models/frontend.py)
@@ -67,7 +68,7 @@ def export_onnx(model, path: Path, opset: int = OPSET) -> None:
 
 
 def needs_external_data(model) -> bool:
-    return sum(p.numel() * p.element_size() for p in model.state_dict().values()) > 1_800_000_000
+    return sum(p.numel() * p.element_size() for p in model.state_dict().values()) > EXTERNAL_DATA_BYTES
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ attention windows (8 s for the released models), so the default 30 s becomes 32 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
+import gc
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -38,7 +39,8 @@ from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
 from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
 from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
 
-from .onnx_export import OPSET, needs_external_data, save_graph, write_graphs_atomically
+from .graph_weights import quantize_int8_streaming, rename_weights_by_content
+from .onnx_export import EXTERNAL_DATA_BYTES, OPSET, needs_external_data, write_graphs_atomically
 from .qwen3_quantize import DEFAULT_RECIPE, RECIPES, Qwen3Int8Recipe, quantize_graph
 from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 
@@ -90,9 +92,10 @@ def serving_shapes(model, container_seconds: float, max_new_tokens: int) -> Qwen
     return Qwen3Shapes(windows * window_samples(dims), prompt_slots, prompt_slots + max_new_tokens, max_new_tokens)
 
 
-def export_graphs(model, directory: Path, shapes: Qwen3Shapes, precision: str = "fp32") -> None:
+def export_graphs(model, directory: Path, shapes: Qwen3Shapes, precision: str = "fp32",
+                  external_data: bool | None = None) -> None:
     """The three graphs of `precision` (fp32 or fp16, the model's own dtype) into `directory`, each with
-    its free axes."""
+    its free axes; their weights in "<file>.data" with `external_data` (default: past protobuf's 2 GB)."""
     dims = model.dims
     dtype = model.thinker.lm_head.weight.dtype
     windows = torch.export.Dim("windows", min=1, max=max(2, 600 * SAMPLE_RATE // window_samples(dims)))
@@ -116,36 +119,36 @@ def export_graphs(model, directory: Path, shapes: Qwen3Shapes, precision: str = 
                ("token_ids", "positions", "cache_keys", "cache_values"), ("logits", "keys", "values"),
                {"token_ids": {}, "positions": {}, "cache_keys": {3: cache}, "cache_values": {3: cache}}),
     }
+    # Past protobuf's 2 GB (the 0.6B decoder: 2.4 GB in fp32) the weights go to "<file>.data".
+    external_data = needs_external_data(model) if external_data is None else external_data
     for name, (graph, example, inputs, outputs, dynamic) in graphs.items():
         with torch.no_grad():
             program = torch.onnx.export(graph.eval(), example, input_names=list(inputs), output_names=list(outputs),
                                         dynamic_shapes=dynamic, opset_version=OPSET, dynamo=True, verbose=False)
-        # Past protobuf's 2 GB (the 0.6B decoder: 2.4 GB in fp32) the weights go to "<file>.data".
-        program.save(str(directory / GRAPH_FILES[precision][name]), external_data=needs_external_data(model))
+        program.save(str(directory / GRAPH_FILES[precision][name]), external_data=external_data)
+        del program  # before the next graph's: one exported program at a time
+        gc.collect()
 
 
 def name_weights_by_content(path: Path) -> None:
     """Rename each initializer of the graph at `path` to a hash of its content (CONTENT_NAME_PREFIX + sha1),
     merging identical ones. torch.onnx names weights val_N, differently in each graph; named by content,
-    prefill and step give their shared decoder weights the same names, and the engine loads them once."""
-    import hashlib
+    prefill and step give their shared decoder weights the same names, and the engine loads them once.
+    A tensor at a time (export/graph_weights.py): the graph's weights are never all in memory."""
+    rename_weights_by_content(path, CONTENT_NAME_PREFIX)
 
-    import onnx
-    from onnx import numpy_helper
 
-    model = onnx.load(str(path))  # external data included: it is written again below
-    renamed, kept = {}, {}
-    for tensor in model.graph.initializer:
-        array = numpy_helper.to_array(tensor)
-        digest = hashlib.sha1(f"{array.dtype.str}{array.shape}".encode() + array.tobytes()).hexdigest()
-        renamed[tensor.name] = name = CONTENT_NAME_PREFIX + digest
-        if name not in kept:
-            kept[name] = numpy_helper.from_array(array, name)
-    for node in model.graph.node:
-        node.input[:] = [renamed.get(name, name) for name in node.input]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(kept.values())
-    save_graph(model, path)
+def release_weights(model) -> None:
+    """Free what can be freed of the model's weights once its graphs are written. torch.onnx keeps references
+    to them after the export (moving the module to the meta device alone freed nothing), so each storage is
+    shrunk to nothing where torch allows it (not those it has handed to numpy: most MatMul weights), then
+    the tensors go to the meta device: a spent model fails loudly if used."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.untyped_storage().resizable():  # not the few constants made from numpy arrays
+                tensor.untyped_storage().resize_(0)
+    model.to(torch.device("meta"))
+    gc.collect()
 
 
 def synthetic_languages() -> dict[str, tuple[int, ...]]:
@@ -190,8 +193,15 @@ def random_model(size: str, seed: int):
 
 def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
           container: float, max_new_tokens: int, notice: str = "", context_tokens: int = DEFAULT_CONTEXT_TOKENS,
-          copies: tuple[Path, ...] = (), int8_recipe: Qwen3Int8Recipe = RECIPES[DEFAULT_RECIPE]) -> Path:
-    """The model directory `out`; `copies`: files copied into it as they are (the tokenizer's merges)."""
+          copies: tuple[Path, ...] = (), int8_recipe: Qwen3Int8Recipe = RECIPES[DEFAULT_RECIPE],
+          external_data: bool | None = None) -> Path:
+    """Export `model` to the model directory `out`; `copies`: files copied into it as they are (the
+    tokenizer's merges). The model is spent: fp16 halves it in place (no copy) and its weights are released
+    once its graphs are written; int8 is then made from the fp32 files by `int8_recipe`
+    (export/qwen3_quantize.py), "per-tensor" a weight at a time (export/graph_weights.py), so the export's
+    peak is about the model once, not the model plus copies of a graph (docs/benchmarks.md).
+    `external_data`: weights in "<graph>.data" files (default: when the fp32 weights pass protobuf's 2 GB;
+    int8 graphs by their own size)."""
     unsupported = [p for p in precisions if p not in GRAPH_FILES]
     if unsupported:
         raise ValueError(f"qwen3-asr exports {', '.join(GRAPH_FILES)} (not {unsupported[0]} yet)")
@@ -199,16 +209,25 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
                                                                             context_tokens=context_tokens))
     shapes = serving_shapes(model, container, max_new_tokens)
 
+    external = needs_external_data(model) if external_data is None else external_data
+    # int8 weights are a quarter of fp32's: they go to "<graph>.data" past protobuf's limit on their own
+    int8_external_bytes = EXTERNAL_DATA_BYTES if external_data is None else 0 if external_data else sys.maxsize
+    dims = model.dims
+
     def build(directory: Path) -> None:
         for path in copies:
             shutil.copyfile(path, directory / path.name)
-        export_graphs(model, directory, shapes)
-        for precision in precisions:
-            if precision == "int8":  # export/qwen3_quantize.py: which MatMuls become 8-bit, and how
-                for graph, file in GRAPH_FILES["int8"].items():
-                    quantize_graph(directory / GRAPH_FILES["fp32"][graph], directory / file, graph, int8_recipe)
-            elif precision == "fp16":  # from PyTorch, as SenseVoice's: a converter would keep the log-mel float32
-                export_graphs(copy.deepcopy(model).half_model(), directory, shapes, "fp16")
+        export_graphs(model, directory, shapes, external_data=external)
+        if "fp16" in precisions:  # from PyTorch, as SenseVoice's: a converter would keep the log-mel float32
+            export_graphs(model.half_model(), directory, shapes, "fp16", external_data=external)
+        release_weights(model)
+        if "int8" in precisions:
+            for graph, file in GRAPH_FILES["int8"].items():
+                src, dst = directory / GRAPH_FILES["fp32"][graph], directory / file
+                if int8_recipe == RECIPES["per-tensor"]:  # quantize_dynamic's graph, without its copies
+                    quantize_int8_streaming(src, dst, int8_external_bytes)
+                else:
+                    quantize_graph(src, dst, graph, int8_recipe)
         for precision in precisions:
             for graph in (PREFILL, STEP):
                 name_weights_by_content(directory / GRAPH_FILES[precision][graph])
@@ -219,12 +238,12 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
 
     # how prompt and cache follow a clip is the server's choice, not the export's
     exported = {k: v for k, v in vars(shapes).items() if k not in ("cache_step", "prompt_step")}
-    dims = model.dims.to_dict() | {"shapes": exported, "vocab_size": model.dims.text.vocab_size}
+    manifest_dims = dims.to_dict() | {"shapes": exported, "vocab_size": dims.text.vocab_size}
     manifest = ModelManifest(
-        name=name, architecture="qwen3-asr", dimensions=dims, source=source, notice=notice, opset=OPSET,
+        name=name, architecture="qwen3-asr", dimensions=manifest_dims, source=source, notice=notice, opset=OPSET,
         files={p: GRAPH_FILES[p][ENCODER] for p in precisions}, graphs={p: GRAPH_FILES[p] for p in precisions},
         container_seconds=shapes.container_samples / SAMPLE_RATE, prompt_frames=0,
-        languages={code: i for i, code in enumerate(["auto", *model.dims.prompt.languages])},
+        languages={code: i for i, code in enumerate(["auto", *dims.prompt.languages])},
         tag_tokens={},
     )
     return write_graphs_atomically(out, build, manifest, tokens)
@@ -247,8 +266,9 @@ def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], n
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--checkpoint", type=user_path,
-                         help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's config.json, model.safetensors, "
-                              "vocab.json, merges.txt, tokenizer_config.json)")
+                         help="a released checkpoint directory (Qwen/Qwen3-ASR-0.6B's or -1.7B's config.json, "
+                              "model.safetensors or its shards and index, vocab.json, merges.txt, "
+                              "tokenizer_config.json)")
     weights.add_argument("--random-init", choices=("tiny", "0.6b", "1.7b"), help="seeded random weights of this size")
     parser.add_argument("--out", type=user_path, required=True, help="model directory to create (must not exist)")
     parser.add_argument("--precision", default=QWEN3_ASR_0_6B.precisions,

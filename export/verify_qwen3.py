@@ -85,8 +85,22 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
                   if "fp32" in manifest.graphs and set(precisions) - {"fp32"} else None)
     outputs: dict[str, dict[str, ClipOutput]] = {}  # precision -> clip -> its answer (agreement)
     for precision in precisions:
+        # One set of sessions at a time (the served set, then each clip's own): at 1.7B a set of fp32 graphs
+        # holds 17 GB, and two would not fit in the memory the export itself needs.
         served, served_overrides = sessions(directory, precision, device, shapes.container_samples,
                                             shapes.prompt_slots, audio_slots(dims, shapes), shapes.cache_slots)
+        served_decoder = Qwen3Decoder(served, dims["prompt"], shapes)
+        padded_results = {}
+        for label, audio in test_clips(lengths).items():
+            container = np.random.default_rng(1).uniform(-1, 1, (1, shapes.container_samples)).astype(np.float32)
+            container[0, : len(audio)] = audio  # garbage after the clip must not matter
+            padded = served_decoder.decode_container(container, len(audio), VERIFY_TOKENS)
+            embeds = served[ENCODER].run(None, {"audio": container, "audio_lengths": np.array([len(audio)], np.int32)})[0]
+            padded_results[label] = (padded, embeds[0, :padded.audio_tokens])
+        if precision != "fp32":
+            outputs[precision] = {} if references is None else {
+                label: clip_output(served_decoder, audio, references[label].tokens) for label, audio in clips.items()}
+        del served, served_decoder
         histogram: dict[str, int] = {}
         static_problems = []
         for graph in GRAPHS:
@@ -96,11 +110,8 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
             static_problems += [f"{graph}: {p}" for p in non_static_shapes(path, 0, served_overrides[graph])]
         entry: dict = {"ops": dict(sorted(histogram.items())), "forbidden_ops": forbidden_ops(histogram),
                        "non_static_shapes": static_problems[:20], "lengths": {}}
-        served_decoder = Qwen3Decoder(served, dims["prompt"], shapes)
         for label, audio in test_clips(lengths).items():
-            container = np.random.default_rng(1).uniform(-1, 1, (1, shapes.container_samples)).astype(np.float32)
-            container[0, : len(audio)] = audio  # garbage after the clip must not matter
-            padded = served_decoder.decode_container(container, len(audio), VERIFY_TOKENS)
+            padded, padded_embeds = padded_results[label]
             own_samples = -(-len(audio) // window) * window
             own_prompt = prompt_length(dims["prompt"], padded.audio_tokens)
             own_cache = own_prompt + len(padded.tokens)
@@ -110,22 +121,18 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
             own[0, : len(audio)] = audio
             alone = Qwen3Decoder(alone_sessions, dims["prompt"], replace(shapes, cache_step=1)).decode_container(
                 own, len(audio), VERIFY_TOKENS, prompt_slots=own_prompt, cache_slots=own_cache)
-            embeds = [s[ENCODER].run(None, {"audio": c, "audio_lengths": np.array([len(audio)], np.int32)})[0]
-                      for s, c in ((alone_sessions, own), (served, container))]
+            embeds = alone_sessions[ENCODER].run(None, {"audio": own, "audio_lengths": np.array([len(audio)], np.int32)})[0]
             tokens = padded.audio_tokens
-            a = np.concatenate([embeds[0][0, :tokens].ravel(), alone.first_logits, *alone.step_logits])
-            b = np.concatenate([embeds[1][0, :tokens].ravel(), padded.first_logits, *padded.step_logits])
+            a = np.concatenate([embeds[0, :tokens].ravel(), alone.first_logits, *alone.step_logits])
+            b = np.concatenate([padded_embeds.ravel(), padded.first_logits, *padded.step_logits])
             same = a.shape == b.shape and alone.tokens == padded.tokens
             result = errors(a.astype(np.float64), b.astype(np.float64)) if same else {
                 "max_abs_err": float("inf"), "max_scaled_err": float("inf"), "cosine": 0.0}
             entry["lengths"][label] = {**result, "tokens_equal": alone.tokens == padded.tokens,
                                                  "frames": tokens, "tokens": len(padded.tokens)}
-            del alone_sessions, alone, embeds  # before the next length's: at 0.6B each set holds 2.6 GB
+            del alone_sessions, alone, embeds  # before the next length's
         entry["passed"] = _passed(precision, entry, model_blocks(dims))
         report["precisions"][precision] = entry
-        if precision != "fp32":
-            outputs[precision] = {} if references is None else {
-                label: clip_output(served_decoder, audio, references[label].tokens) for label, audio in clips.items()}
     add_agreement(report, outputs, AGREEMENT, lambda: references)
     results = [r for e in report["precisions"].values() for r in e["lengths"].values()]
     report["max_abs_err"] = max(r["max_abs_err"] for r in results)

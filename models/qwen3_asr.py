@@ -133,9 +133,12 @@ class Qwen3ASRDimensions:
 
 PRESETS: dict[str, dict] = {
     "0.6b": {},
+    # The 1.7B release stores its lm_head beside the embedding (708 tensors, 2,349,217,408 parameters, as
+    # public projects pin them), which the checkpoint loader keeps apart: so does this preset, so its
+    # export is the size (and needs the memory) of the release's.
     "1.7b": {
         "audio": dict(d_model=1024, encoder_layers=24, encoder_attention_heads=16, encoder_ffn_dim=4096, output_dim=2048),
-        "text": dict(hidden_size=2048, intermediate_size=6144),
+        "text": dict(hidden_size=2048, intermediate_size=6144, tie_word_embeddings=False),
     },
     # Tests and fixtures: the real 128 bins, 100-frame chunks and 13 tokens a chunk, 2-chunk windows.
     "tiny": {

@@ -118,7 +118,35 @@ QWEN3_ASR_0_6B = CatalogModel(
     ),
 )
 
-MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL, QWEN3_ASR_0_6B)}
+# Qwen3-ASR-1.7B as Qwen published it on Hugging Face at commit 7278e1e7, its weights in two shards and an
+# index. Found as the 0.6B pins were (a code search on 2026-11-26; no hub is reachable here): a desktop
+# dictation app's downloader pins all seven files below with size and sha256 at this commit; a Python ASR
+# project pins the same sizes and sha256 for every file of ModelScope's copy (Qwen/Qwen3-ASR-1.7B there);
+# a build script pins the same sha256 at this commit, and at least three more projects the two shards'.
+# The tokenizer files are the 0.6B's (the same sizes and sha256). merges.txt is downloaded too: the BPE
+# merges that encoding text (context biasing) needs.
+QWEN3_ASR_1_7B = CatalogModel(
+    name="qwen3-asr-1.7b",
+    description="Qwen3-ASR-1.7B: the larger, more accurate Qwen3-ASR (30 languages, 22 Chinese dialects)",
+    exporter="qwen3_asr",
+    sources=(HubSource("hf", "Qwen/Qwen3-ASR-1.7B", "7278e1e70fe206f11671096ffdd38061171dd6e5"),),
+    precisions="fp32",  # as 0.6B's: no int8 recipe tried kept fp32's greedy tokens at 0.6B
+    files=(
+        HubFile("config.json", 6_194, "2e74a751548b8ad7d7526d29365ad8144c345d8b412b1152d25dc6698452712f"),
+        HubFile("model.safetensors.index.json", 64_821,
+                "f994739fe38e5210b9e3e8ce6c6307315e2ceac3cb630e7b7414d69dce520f60"),
+        HubFile("model-00001-of-00002.safetensors", 4_220_320_824,
+                "a4cd1f1a04d90b757dc7f7dd26254e69a013b19e80efe590a83c6a3bde8608d6"),
+        HubFile("model-00002-of-00002.safetensors", 478_200_688,
+                "6e0b9d9e09e2e0238e7ef3cc8a484ab387e91b90f1900bedf88bc92d7929ccfc"),
+        HubFile("vocab.json", 2_776_833, "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910"),
+        HubFile("tokenizer_config.json", 12_487,
+                "4942d005604266809309cabc9f4e9cb89ce855d59b14681fdc0e1cc62ea26c4c"),
+        HubFile("merges.txt", 1_671_853, "8831e4f1a044471340f7c0a83d7bd71306a5b867e95fd870f74d0c5308a904d5"),
+    ),
+)
+
+MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL, QWEN3_ASR_0_6B, QWEN3_ASR_1_7B)}
 
 
 def unipad_home() -> Path:

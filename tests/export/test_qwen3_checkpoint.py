@@ -116,3 +116,29 @@ async def test_pull_then_serve_by_name(tmp_path, monkeypatch, capsys, speech, se
                 await stream.send(pcm[i:i + SAMPLE_RATE // 10])
             done = await stream.stop()
     assert done.segments == len(speech.utterances) == len(stream.finals)
+
+
+def test_a_sharded_bf16_checkpoint_loads_exactly(checkpoint, tmp_path):
+    """The 1.7B release's layout: bf16 weights in two shards and model.safetensors.index.json. Loaded (bf16
+    into the float32 parameters, without a float32 copy of the state) into exactly the weights the same
+    bf16 tensors give converted up front."""
+    from safetensors.torch import save_file
+
+    from export.qwen3_checkpoint import checkpoint_model
+
+    state = {k: v.to(torch.bfloat16) for k, v in torch.load(FIXTURE / "model.pt", map_location="cpu",
+                                                             weights_only=True).items()}
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    for name in ("config.json", "vocab.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((checkpoint / name).read_bytes())
+    for shard, names in shards.items():
+        save_file({k: state[k] for k in names}, str(tmp_path / shard))
+    weight_map = {k: shard for shard, names in shards.items() for k in names}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    model, tokens = checkpoint_model(tmp_path)
+    loaded = model.state_dict()
+    assert sorted(loaded) == keys and all(loaded[k].dtype == torch.float32 for k in keys)
+    assert all(torch.equal(loaded[k], state[k].float()) for k in keys)
+    assert tokens == checkpoint_model(checkpoint)[1]
