@@ -9,10 +9,12 @@ best token per position; this module only turns ids into text and CIF peaks into
            letters ("a b c") become one upper-case abbreviation ("ABC"). Word times are its time list,
            which pairs with the words by position. Checked against FunASR on 5000 generated sequences.
     times  FunASR's ts_prediction_lfr6_standard as Paraformer.inference calls it (upsample rate 1, the
-           CIF peaks as its weights): the peaks are rescaled to sum to tokens + 1 and integrated again;
-           each firing frame, shifted by -1.5 frames, starts a token and the next one ends it; a token
-           longer than 12 frames (0.72 s) is cut, the rest being silence; leading silence over 5 frames
-           is skipped, and the last token ends halfway into a trailing silence over 5 frames.
+           CIF peaks as its weights, made from the alphas as its cif_v1 makes them): the peaks are rescaled
+           to sum to tokens + 1 (by torch's float32 sum, bit for bit) and integrated again; each firing
+           frame, shifted by -1.5 frames, starts a token and the next one ends it; a token longer than
+           12 frames (0.72 s) is cut, the rest being silence; leading silence over 5 frames is skipped,
+           and the last token ends halfway into a trailing silence over 5 frames. Checked against FunASR's
+           own inference on real speech: bench/paraformer_text_check.py.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ class ParaformerOutput:
     token_ids: np.ndarray  # int32 [count]
     token_logprobs: np.ndarray  # float32 [count]
     alphas: np.ndarray  # float32 [frames + 1]: CIF weights, the tail frame last
-    peaks: np.ndarray  # float32 [frames + 1]: CIF fires
+    peaks: np.ndarray  # float32 [frames + 1]: CIF fires, exact (times use inference_peaks, rounded as FunASR)
 
     @classmethod
     def from_graph(cls, outputs: Sequence[np.ndarray], row: int = 0) -> ParaformerOutput:
@@ -61,6 +63,66 @@ def cif_peaks(alphas: np.ndarray, threshold: float) -> np.ndarray:
     return peaks
 
 
+# torch's CPU sum of a float32 vector (ATen's SumKernel.cpp, cascade_sum): the rescale below divides by
+# FunASR's `alphas.sum()`, and a sum rounded otherwise (numpy's pairwise, float64) moves a fire by a frame.
+SUM_LANES = 8  # ATen's Vec<float> in that kernel: torch on AVX2, AVX-512 (checked) and NEON builds
+SUM_ROWS = 4  # its ilp_factor: the vectors are summed as 4 interleaved rows
+SUM_LEVELS = 4  # its cascade: partial sums of 2^level_power rows are carried up 4 levels
+
+
+def _cascade(rows: np.ndarray) -> np.ndarray:
+    """ATen's multi_row_sum over rows [size, ...] (float32): the sum of each column, by its cascade."""
+    size = len(rows)
+    power = max(4, (size - 1).bit_length() // SUM_LEVELS if size > 1 else 0)
+    step, mask = 1 << power, (1 << power) - 1
+    acc = np.zeros((SUM_LEVELS,) + rows.shape[1:], np.float32)
+    i = 0
+    while i + step <= size:
+        for row in rows[i:i + step]:
+            acc[0] = acc[0] + row
+        i += step
+        for level in range(1, SUM_LEVELS):
+            acc[level], acc[level - 1] = acc[level] + acc[level - 1], 0
+            if i & (mask << (level * power)):
+                break
+    for row in rows[i:]:
+        acc[0] = acc[0] + row
+    for level in range(1, SUM_LEVELS):
+        acc[0] = acc[0] + acc[level]
+    return acc[0]
+
+
+def torch_sum(values: np.ndarray) -> np.float32:
+    """`tensor.sum()` of a contiguous float32 vector on the CPU, bit for bit: vectors of SUM_LANES summed as
+    SUM_ROWS interleaved rows by the cascade, the leftover vectors into the first row, the rows together,
+    then the leftover scalars and the lanes in order (a vector shorter than SUM_LANES: the same on scalars)."""
+    x = values.astype(np.float32)
+    lanes = SUM_LANES if len(x) >= SUM_LANES else 1
+    vectors = x[:len(x) // lanes * lanes].reshape(-1, lanes)
+    rows = len(vectors) // SUM_ROWS
+    partial = _cascade(vectors[:rows * SUM_ROWS].reshape(rows, SUM_ROWS, lanes))
+    for vector in vectors[rows * SUM_ROWS:]:
+        partial[0] = partial[0] + vector
+    for k in range(1, SUM_ROWS):
+        partial[0] = partial[0] + partial[k]
+    total = np.float32(0.0)
+    for value in list(x[len(vectors) * lanes:]) + list(partial[0]):
+        total = np.float32(total + value)
+    return total
+
+
+def inference_peaks(alphas: np.ndarray) -> np.ndarray:
+    """The CIF peaks FunASR's inference times tokens from: CifPredictorV2's cif_v1 (threshold 1) takes the
+    running sum of the weights in float64 and casts it to float32 before its fractional part, so its peaks
+    carry that float32 rounding (up to 3e-5 once the sum is in the hundreds). The graph's peaks are exact
+    (models/cif.py); the timestamp rule below rescales the peaks and tests them against 1 - 1e-4, where that
+    rounding moves a fire by a frame, so the times are taken from FunASR's peaks, made here from the alphas."""
+    total = np.cumsum(alphas.astype(np.float64)).astype(np.float32)
+    whole = np.floor(total)
+    fired = (whole > np.concatenate([np.zeros(1, np.float32), whole[:-1]])).astype(np.float32)
+    return (fired + total) - whole  # FunASR's order of operations, in float32
+
+
 def token_times_ms(alphas: np.ndarray, peaks: np.ndarray, count: int) -> list[tuple[int, int]]:
     """Milliseconds [start, end) of each token from the clip's start, as FunASR computes them; can be
     shorter than `count` when the rescaled peaks fire fewer times than FunASR expects."""
@@ -70,7 +132,7 @@ def token_times_ms(alphas: np.ndarray, peaks: np.ndarray, count: int) -> list[tu
     fire_place = np.flatnonzero(alphas >= FIRE_THRESHOLD) + FORCE_TIME_SHIFT
     weights = peaks.astype(np.float32)
     if len(fire_place) != count + 1:
-        weights = weights / np.float32(weights.sum(dtype=np.float32) / np.float32(count + 1))
+        weights = weights / np.float32(torch_sum(weights) / np.float32(count + 1))
         fire_place = np.flatnonzero(cif_peaks(weights, FIRE_THRESHOLD) >= FIRE_THRESHOLD) + FORCE_TIME_SHIFT
     if not len(fire_place):
         return []
@@ -232,7 +294,7 @@ def decode_paraformer(output: ParaformerOutput, tokens: Sequence[str], offset: f
     pieces = [tokens[i] if 0 <= i < len(tokens) else "<unk>" for i in ids]
     # ts_prediction_lfr6_standard times every piece but a last "</s>"; <unk> has a time it never shows.
     count = len(pieces) - (bool(pieces) and pieces[-1] == "</s>")
-    items, spans = postprocess(pieces, token_times_ms(output.alphas, output.peaks, count))
+    items, spans = postprocess(pieces, token_times_ms(output.alphas, inference_peaks(output.alphas), count))
     timed: list[TokenTiming] = []
     previous_end = 0
     for k, text in enumerate(items):
