@@ -18,7 +18,7 @@ from pipeline.batching import Clip
 from pipeline.engine import Engine, EngineOptions
 
 from .common import command_line, emit, machine, say, speech_audio, summary
-from .paraformer import interleaved
+from .paraformer import interleaved, timed
 
 DEFAULT_LENGTHS = (1.0, 2.0, 5.0, 10.0, 20.0, 29.0)
 
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
               "before_s": {}, "after_s": {}, "ratio": {}, "ratio_cpu": {}, "tokens": {}}
     for seconds in (float(s) for s in args.lengths.split(",")):
         audio, key = speech_audio(seconds), f"{seconds:g}"
-        before, after = interleaved(*(lambda e=e: e.infer([Clip(audio)]) for e in engines), args.warmup, args.repeats)
+        before, after = interleaved(*(lambda e=e: timed(lambda: e.infer([Clip(audio)])) for e in engines), args.warmup,
+                                    args.repeats)
         walls = [summary([wall for wall, _ in runs])["median"] for runs in (before, after)]
         cpus = [summary([cpu for _, cpu in runs])["median"] for runs in (before, after)]
         result["before_s"][key], result["after_s"][key] = walls

@@ -17,3 +17,15 @@ def test_the_paraformer_bench_times_the_serving_path(paraformer_model_dir, capsy
     frames = [encoder_frames(seconds_to_samples(c)) for c in (1.0, 4.0)]
     assert part["decoder_shapes"] == sum(len(token_containers(f, DEFAULT_CPU_TOKEN_CONTAINERS)) for f in frames)
     assert part["unwarmed_calls"] == 0 and set(part["ours"]) == {"0.5", "3"} and part["tokens"]["3"] > 0
+
+
+def test_the_int8_ab_bench_times_two_exports_alike(paraformer_model_dir, capsys) -> None:
+    """bench.int8_ab on one export twice: both sides timed, the same tokens (it fed untimed calls to
+    `interleaved`, which takes (wall, CPU) pairs, and stopped with a ValueError)."""
+    from bench.int8_ab import main as int8_ab
+
+    model = str(paraformer_model_dir)
+    assert int8_ab([model, model, "--lengths", "1", "--repeats", "2", "--token-containers", ""]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["before_s"]["1"] > 0 and result["after_s"]["1"] > 0 and result["ratio"]["1"] > 0
+    assert result["tokens"]["1"][0] == result["tokens"]["1"][1] > 0
