@@ -51,6 +51,12 @@ class AgreementBound:
     # tokens' far tails move most and decide nothing (the trained SenseVoice demo's int8: 0.91 there, its
     # WER 2.72 % against fp32's 2.68 %)
     max_reference_token_err: float | None = None
+    # A differing token the reference itself scored within tie_margin of its own choice (in its row, the same
+    # history) is a tie the precision broke the other way, not a changed answer: tokens_kept runs to the first
+    # difference that is not a tie, argmax_agreement counts ties as kept. Random weights are full of ties
+    # (flat logits: the reference class's own init gives 151936 logits within a few tenths); a trained
+    # model's answers are decided by far more. None: every difference counts.
+    tie_margin: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,12 @@ class ClipAgreement:
 
     tokens: int  # the reference's
     token_agreement: float
-    tokens_kept: float
-    argmax_agreement: float  # rows whose argmax is the reference's (fed the reference's tokens: each choice alone)
+    tokens_kept: float  # to the first difference that is not a tie (the bound's tie_margin)
+    argmax_agreement: float  # rows whose argmax is the reference's or ties it (fed the reference's tokens)
     max_logprob_err: float
     max_reference_token_err: float
+    equal_prefix: float  # tokens_kept with every difference counted, ties included
+    ties: int  # rows (fed the reference's tokens) whose argmax differs by a tie
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,8 @@ class PrecisionAgreement:
     per_clip: tuple[ClipAgreement, ...]
     bound: AgreementBound
     passed: bool
+    equal_prefix: float
+    ties: int  # over every clip
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -93,24 +103,39 @@ class PrecisionAgreement:
         return data
 
 
-def clip_agreement(ref: ClipOutput, out: ClipOutput) -> ClipAgreement:
-    """`out`'s figures against the reference's `ref` on one clip."""
+def is_tie(scores: np.ndarray, row: int, chosen: int, other: int, tie_margin: float | None) -> bool:
+    """Whether the reference scored `other` within `tie_margin` of its `chosen` in `row` (never without a
+    margin, or without a row of scores over the vocabulary to tell)."""
+    if tie_margin is None or scores.ndim != 2 or row >= len(scores) or not 0 <= other < scores.shape[1]:
+        return False
+    return float(scores[row, chosen]) - float(scores[row, other]) <= tie_margin
+
+
+def clip_agreement(ref: ClipOutput, out: ClipOutput, tie_margin: float | None = None) -> ClipAgreement:
+    """`out`'s figures against the reference's `ref` on one clip (ties: AgreementBound.tie_margin)."""
     from .evaluate import edit_distance
 
     same = [a == b for a, b in zip(ref.tokens, out.tokens)] + [False]  # a shorter answer differs where it ends
     expected = max(len(ref.tokens), 1)
+    first = min(same.index(False), len(ref.tokens))
+    # Up to the first difference both histories are the reference's, so its row there scored the other token.
+    tied = first < min(len(ref.tokens), len(out.tokens)) and is_tie(ref.scores, first, ref.tokens[first],
+                                                                      out.tokens[first], tie_margin)
     rows = min(len(ref.scores), len(out.scores))
     a, b = ref.scores[:rows].astype(np.float64), out.scores[:rows].astype(np.float64)
     diff = np.abs(a - b)
+    ties = 0
     if a.ndim == 2:  # [rows, vocab]: each row's choice
-        picked = a.argmax(-1)
+        picked, theirs = a.argmax(-1), b.argmax(-1)
         chosen_diff = np.take_along_axis(diff, picked[:, None], axis=-1)
-        argmax_agreement = float(np.mean(picked == b.argmax(-1))) if rows else 1.0
+        ties = sum(is_tie(a, r, picked[r], theirs[r], tie_margin) for r in np.flatnonzero(picked != theirs))
+        argmax_agreement = float(np.mean(picked == theirs)) + ties / rows if rows else 1.0
     else:  # one score per row (the token's own)
         chosen_diff, argmax_agreement = diff, 1.0
+    equal_prefix = first / expected if ref.tokens else 1.0
     return ClipAgreement(len(ref.tokens), 1.0 - edit_distance(ref.tokens, out.tokens) / expected,
-                         min(same.index(False), len(ref.tokens)) / expected if ref.tokens else 1.0, argmax_agreement,
-                         float(diff.max(initial=0.0)), float(chosen_diff.max(initial=0.0)))
+                         1.0 if tied else equal_prefix, argmax_agreement, float(diff.max(initial=0.0)),
+                         float(chosen_diff.max(initial=0.0)), equal_prefix, int(ties))
 
 
 def meets(bound: AgreementBound, counts: list[tuple[int, int]], clips: list[ClipAgreement]) -> bool:
@@ -134,7 +159,7 @@ def agreement(precision: str, outputs: dict[str, ClipOutput], reference: dict[st
     for clip in clips:
         ref, out = reference[clip], outputs[clip]
         counts.append((len(ref.tokens), len(out.tokens)) if ref.count is None else (ref.count, out.count))
-        per_clip.append(clip_agreement(ref, out))
+        per_clip.append(clip_agreement(ref, out, bound.tie_margin))
         for (name, a), (_, b) in zip(ref.aligned, out.aligned):
             err = float(np.abs(a.astype(np.float64) - b).max(initial=0.0)) if a.shape == b.shape else float("inf")
             aligned_errs[name] = max(aligned_errs.get(name, 0.0), err)
@@ -143,7 +168,7 @@ def agreement(precision: str, outputs: dict[str, ClipOutput], reference: dict[st
         min(c.token_agreement for c in per_clip), min(c.tokens_kept for c in per_clip),
         min(c.argmax_agreement for c in per_clip), max(c.max_logprob_err for c in per_clip),
         max(c.max_reference_token_err for c in per_clip), tuple(sorted(aligned_errs.items())), tuple(per_clip),
-        bound, meets(bound, counts, per_clip))
+        bound, meets(bound, counts, per_clip), min(c.equal_prefix for c in per_clip), sum(c.ties for c in per_clip))
 
 
 def add_agreement(report: dict, outputs: dict[str, dict[str, ClipOutput]], bound: AgreementBound, reference) -> None:
@@ -167,8 +192,10 @@ def add_agreement(report: dict, outputs: dict[str, dict[str, ClipOutput]], bound
 FIGURE_LINES = (  # (report key, bound key, how verify prints it)
     ("max_count_change", "max_count_change", "largest count change {:.1%}"),
     ("token_agreement", "min_token_agreement", "token agreement {:.1%}"),
-    ("tokens_kept", "min_tokens_kept", "tokens kept until the first difference {:.1%}"),
+    ("tokens_kept", "min_tokens_kept", "tokens kept until the first difference not a tie {:.1%}"),
+    ("equal_prefix", None, "equal until the first difference {:.1%}"),
     ("argmax_agreement", None, "argmax agreement {:.1%}"),
+    ("ties", None, "ties broken otherwise {}"),
     ("max_logprob_err", "max_logprob_err", "max score error {:.3g}"),
     ("max_reference_token_err", "max_reference_token_err", "max error of the reference's token {:.3g}"),
 )

@@ -162,13 +162,28 @@ def quantize_weight(data):
     return zero_point, scale, values
 
 
-def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
+def quantize_weight_per_channel(array):
+    """(zero points [N], scales [N], int8 values [K, N]) of the float32 weight `array` [K, N], one range per
+    output channel (a column), as ONNX Runtime's quantize_weight_per_channel makes them for a MatMul (axis 1,
+    symmetric QInt8, quantize_data per column)."""
+    import numpy as np
+
+    columns = np.ascontiguousarray(array.T)  # a column at a time, contiguous
+    values = np.empty(columns.shape, np.int8)
+    zero_points, scales = np.empty(len(columns), np.int8), np.empty(len(columns), np.float32)
+    for j, column in enumerate(columns):
+        zero_points[j], scales[j], values[j] = quantize_weight(column)
+    return zero_points, scales, np.ascontiguousarray(values.T)
+
+
+def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int, per_channel: bool = False) -> None:
     """Dynamic int8 of the graph at `src` into `dst`, as onnxruntime.quantization.quantize_dynamic makes it
     with export/onnx_export.py quantize_int8's options (MatMul/Gemm, constant B only, QInt8 weights per
-    tensor, symmetric; uint8 activations by DynamicQuantizeLinear), one weight at a time: the same
-    MatMulInteger nodes, the same quantized values (its own quantize_data), so the same outputs, without
-    quantize_dynamic's several in-memory copies of the graph (11.5 GiB over 0.6B's 2.4 GB prefill; the
-    1.7B decoder would need 40). Its weights go to "<dst>.data" when they pass `external_bytes`."""
+    tensor, or per output channel with `per_channel`, symmetric; uint8 activations by DynamicQuantizeLinear),
+    one weight at a time: the same MatMulInteger nodes, the same quantized values (its own quantize_data),
+    so the same outputs, without quantize_dynamic's several in-memory copies of the graph (11.5 GiB over
+    0.6B's 2.4 GB prefill; the 1.7B decoder would need 40). Its weights go to "<dst>.data" when they pass
+    `external_bytes`."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper
@@ -219,11 +234,15 @@ def quantize_int8_streaming(src: Path, dst: Path, external_bytes: int) -> None:
                 array = np.frombuffer(read(source), dtype=np.float32).reshape(tuple(source.dims))
                 if b in source_of:
                     array = np.ascontiguousarray(array.T)
-                zero_point, scale, values = quantize_weight(array.ravel())
+                if per_channel:
+                    zero_point, scale, values = quantize_weight_per_channel(array)
+                else:
+                    zero_point, scale, values = quantize_weight(array.ravel())
                 del array
-                new_initializers.append(helper.make_tensor(b + "_scale", TensorProto.FLOAT, [],
+                shape = [len(scale)] if per_channel else []
+                new_initializers.append(helper.make_tensor(b + "_scale", TensorProto.FLOAT, shape,
                                                            scale.reshape(-1).tolist()))
-                new_initializers.append(helper.make_tensor(b + "_zero_point", TensorProto.INT8, [],
+                new_initializers.append(helper.make_tensor(b + "_zero_point", TensorProto.INT8, shape,
                                                            zero_point.reshape(-1).tolist()))
                 dims = source.dims[::-1] if b in source_of else source.dims
                 add(TensorProto(dims=dims, data_type=TensorProto.INT8, name=b + "_quantized"),

@@ -224,8 +224,9 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
         if "int8" in precisions:
             for graph, file in GRAPH_FILES["int8"].items():
                 src, dst = directory / GRAPH_FILES["fp32"][graph], directory / file
-                if int8_recipe == RECIPES["per-tensor"]:  # quantize_dynamic's graph, without its copies
-                    quantize_int8_streaming(src, dst, int8_external_bytes)
+                if int8_recipe in (RECIPES["per-tensor"], RECIPES["per-channel"]):  # quantize_dynamic's graph,
+                    quantize_int8_streaming(src, dst, int8_external_bytes,  # without its copies
+                                            per_channel=int8_recipe == RECIPES["per-channel"])
                 else:
                     quantize_graph(src, dst, graph, int8_recipe)
         for precision in precisions:

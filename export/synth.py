@@ -64,9 +64,13 @@ NOISE_KINDS = ("white", "pink", "brown")  # of the noise-only training utterance
 # Rooms and the noise under a speaker (bench silence and vad, and the room-noise augmentation): "room" is
 # pink noise under a low-pass (ventilation, traffic through a wall: little above ROOM_LOWPASS_HZ) with a
 # diffuse tail (ROOM_RT60), the way a room colours whatever hums in it.
-ROOM_NOISE_KINDS = ("pink", "brown", "room")
+# "babble" is other people talking far off: BABBLE_TALKERS time-reversed espeak-ng voices, so it sounds and
+# moves like speech but holds no word the model could learn to transcribe.
+ROOM_NOISE_KINDS = ("pink", "brown", "room", "babble")
 ROOM_LOWPASS_HZ = 1000.0
 ROOM_RT60 = 0.4
+BABBLE_TALKERS = 5
+BABBLE_WORDS = 16  # per talker's sentence, looped to the noise's length
 CLIENT_RATE = 24000  # OpenAI Realtime's rate: every Realtime client's audio reaches the server at it
 
 
@@ -268,9 +272,11 @@ def espeak(text: str, voice: str, words_per_minute: int = 175, pitch: int = 50, 
 
 
 def colored_noise(kind: str, n: int, dbfs: float, seed: int) -> np.ndarray:
-    """White, pink (1/f power), brown (1/f^2) or room noise (ROOM_NOISE_KINDS): float32 [n] with an RMS of
-    `dbfs` dB full scale."""
+    """White, pink (1/f power), brown (1/f^2), room or babble noise (ROOM_NOISE_KINDS): float32 [n] with an
+    RMS of `dbfs` dB full scale."""
     rng = np.random.default_rng(seed)
+    if kind == "babble":
+        return _at_level(babble(n, rng), dbfs)
     spectrum = np.fft.rfft(rng.standard_normal(n))
     f = np.maximum(np.fft.rfftfreq(n), 1.0 / n)
     spectrum *= f ** -{"white": 0.0, "pink": 0.5, "brown": 1.0, "room": 0.5}[kind]
@@ -279,7 +285,24 @@ def colored_noise(kind: str, n: int, dbfs: float, seed: int) -> np.ndarray:
     noise = np.fft.irfft(spectrum, n)
     if kind == "room":
         noise = reverberate(noise.astype(np.float32), ROOM_RT60, 0.0, seed)
-    noise *= 10 ** (dbfs / 20) / (np.sqrt(np.mean(noise**2)) + 1e-12)
+    return _at_level(noise, dbfs)
+
+
+def babble(n: int, rng: np.random.Generator) -> np.ndarray:
+    """BABBLE_TALKERS training voices saying random vocabulary backwards, each looped from a random point,
+    in a diffuse room: float64 [n] at an arbitrary level."""
+    out = np.zeros(n)
+    for _ in range(BABBLE_TALKERS):
+        words = " ".join(VOCABULARY[i] for i in rng.integers(len(VOCABULARY), size=BABBLE_WORDS))
+        voice = f"{VOICE_BASES[rng.integers(len(VOICE_BASES))]}+{TRAIN_VARIANTS[rng.integers(1, len(TRAIN_VARIANTS))]}"
+        talker = soxr.resample(espeak(words, voice, int(rng.integers(140, 220))), ESPEAK_RATE, SAMPLE_RATE)[::-1]
+        talker = talker / (np.sqrt(np.mean(talker**2)) + 1e-12)
+        out += np.roll(np.resize(talker, n), int(rng.integers(max(1, len(talker)))))
+    return reverberate(out.astype(np.float32), ROOM_RT60, 0.0, int(rng.integers(2**31)))
+
+
+def _at_level(noise: np.ndarray, dbfs: float) -> np.ndarray:
+    noise = noise * (10 ** (dbfs / 20) / (np.sqrt(np.mean(noise**2)) + 1e-12))
     return np.clip(noise, -1.0, 1.0).astype(np.float32)
 
 

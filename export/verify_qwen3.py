@@ -11,10 +11,11 @@ check runs on them.
 
 Agreement with fp32 (each precision other than fp32; export/agreement.py): the clips are decoded served,
 AGREEMENT_TOKENS greedy tokens past any end token, by fp32 and by the precision. The precision's ClipOutput
-holds its greedy tokens (compared until the first difference, the bounded "tokens_kept", and by edit
-distance) and its logits with fp32's tokens fed (teacher forcing, so every step sees the same history: the
-largest logit difference, bounded, and "argmax_agreement", each choice given fp32's history); the prefill
-logits and the encoder's output are reported apart ("max_aligned_err").
+holds its greedy tokens (compared until the first difference that is not a tie, the bounded "tokens_kept";
+until the first difference at all, "equal_prefix"; and by edit distance) and its logits with fp32's tokens
+fed (teacher forcing, so every step sees the same history: the largest logit difference, bounded, and
+"argmax_agreement", each choice given fp32's history, ties kept); the prefill logits and the encoder's
+output are reported apart ("max_aligned_err").
 """
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ from .verify import _passed, errors, make_session, model_blocks, test_clips
 
 VERIFY_TOKENS = 8  # greedy steps compared per clip
 AGREEMENT_TOKENS = 32  # greedy tokens compared with fp32's per clip
-# Faithful: 90 % of fp32's greedy tokens kept until the first difference, and no logit (fp32's tokens fed)
-# more than a quarter off; fp16 keeps 100 % within 0.02 on the tiny geometry. No int8 recipe tried meets
-# it on fully random weights (0.6B: per-tensor 1.0, blockwise 0.63; docs/benchmarks.md, issue 40).
-AGREEMENT = AgreementBound(min_tokens_kept=0.9, max_logprob_err=0.25)
+# Faithful: no logit (fp32's tokens fed) more than a quarter off, and 90 % of fp32's greedy tokens kept until
+# the first difference fp32 itself decided by more than a quarter (a lead the logit bound allows to turn is a
+# tie: random weights are full of them; the qwen-asr class's own init gives logits of std 0.64 whose top two
+# lie a median 0.08 apart, so even fp16 turns some). fp16 keeps 100 % within 0.02 on the tiny geometry.
+# Measured at 0.6B (docs/benchmarks.md, issue 40): on the qwen-asr class's init, per-channel int8 meets it
+# (max 0.17, every difference a tie under 0.06); on --random-init's spread norm gains no int8 recipe does.
+AGREEMENT = AgreementBound(min_tokens_kept=0.9, max_logprob_err=0.25, tie_margin=0.25)
 
 
 def free_dimensions(path) -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 from onnx import numpy_helper
 
 from export.graph_weights import quantize_int8_streaming, rename_weights_by_content
+from export.qwen3_quantize import RECIPES, quantize_graph
 from export.onnx_export import deterministic_waveform, external_data_file, quantize_int8
 from export.qwen3_asr import DEFAULT_SEED, GRAPH_FILES, random_model, synthetic_tokens, write
 from pipeline.initializers import read_initializers
@@ -75,11 +76,11 @@ def test_the_export_frees_the_model(tmp_path):
         ["manifest.json", "tokens.txt", *GRAPH_FILES["int8"].values()])
 
 
-@pytest.mark.parametrize("external", [False, True])
-def test_streaming_int8_is_onnxruntimes_quantize_dynamic(qwen3_model_dir, tmp_path, external):
-    """ONNX Runtime's quantize_dynamic (export/onnx_export.py quantize_int8) and the streaming quantiser
-    over the same fp32 graphs: the same weights (int8 values, scales, zero points) and operators, and
-    bit-identical decoding."""
+@pytest.mark.parametrize("external, per_channel", [(False, False), (True, False), (True, True)])
+def test_streaming_int8_is_onnxruntimes_quantize_dynamic(qwen3_model_dir, tmp_path, external, per_channel):
+    """ONNX Runtime's quantize_dynamic (export/onnx_export.py quantize_int8; per channel: the "per-channel"
+    recipe's) and the streaming quantiser over the same fp32 graphs: the same weights (int8 values, scales,
+    zero points) and operators, and bit-identical decoding."""
     copies = {}
     for label in ("onnxruntime", "streaming"):
         copies[label] = tmp_path / label
@@ -87,10 +88,12 @@ def test_streaming_int8_is_onnxruntimes_quantize_dynamic(qwen3_model_dir, tmp_pa
         for graph, file in GRAPH_FILES["int8"].items():
             source, target = copies[label] / GRAPH_FILES["fp32"][graph], copies[label] / file
             target.unlink()
-            if label == "onnxruntime":
+            if label == "onnxruntime" and per_channel:
+                quantize_graph(source, target, graph, RECIPES["per-channel"])
+            elif label == "onnxruntime":
                 quantize_int8(source, target)
             else:
-                quantize_int8_streaming(source, target, 0 if external else 1 << 62)
+                quantize_int8_streaming(source, target, 0 if external else 1 << 62, per_channel)
             assert external_data_file(target).exists() == (label == "streaming" and external)
             if graph != ENCODER:
                 rename_weights_by_content(target, CONTENT_NAME_PREFIX)

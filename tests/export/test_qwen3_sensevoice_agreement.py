@@ -66,9 +66,9 @@ def test_qwen3_fp16_keeps_fp32s_answer(qwen3_model_dir):
 
 @pytest.mark.parametrize("recipe", ["blockwise", "per-tensor", "coarse"])
 def test_qwen3_verify_fails_an_int8_that_loses_fp32s_answer(qwen3_model_dir, tmp_path, capsys, recipe):
-    """Every int8 recipe tried moves the random decoder's logits past the bound (the default, blockwise, as
-    today's per-tensor did; docs/benchmarks.md), and a 4-bit one far past it: verify says so and fails,
-    while int8's padding invariance still holds."""
+    """On --random-init's spread norm gains every int8 recipe tried moves the decoder's logits past the bound
+    (blockwise, and per-tensor as before; docs/benchmarks.md), and a 4-bit one far past it: verify says so
+    and fails, while int8's padding invariance still holds."""
     def requantise(src, dst, graph):
         coarse(src, dst) if recipe == "coarse" else quantize_graph(src, dst, graph, RECIPES[recipe])
 
@@ -121,6 +121,33 @@ def test_tokens_kept_until_the_first_difference(tokens, kept, edit, passed):
     result = agreement("int8", {"a": ClipOutput(tokens, REFERENCE.scores)}, {"a": REFERENCE}, QWEN3_AGREEMENT)
     assert (result.tokens_kept, result.token_agreement) == (pytest.approx(kept), pytest.approx(edit))
     assert result.passed is passed
+
+
+NEAR_TIES = ClipOutput((0, 1, 2, 0), logits([5, 4.9, 0], [0, 5, 3], [0, 0, 5], [5, 0, 0]))
+
+
+@pytest.mark.parametrize("tokens, margin, kept, prefix, passed", [
+    ((1, 2, 0, 1), 0.2, 1.0, 0.0, True),  # the first token flips a 0.1 tie: what follows has another history
+    ((1, 2, 0, 1), None, 0.0, 0.0, False),  # no margin: every difference counts, as before
+    ((1, 2, 0, 1), 0.05, 0.0, 0.0, False),  # a 0.1 lead over the other token is not a tie under 0.05
+    ((0, 2, 2, 0), 0.2, 0.25, 0.25, False),  # row 1: fp32 led by 2 (5 against 3): a decided token changed
+])
+def test_a_tie_broken_the_other_way_is_not_a_changed_answer(tokens, margin, kept, prefix, passed):
+    """Qwen3's tie margin: the first difference counts only when fp32 itself scored the precision's token
+    more than the margin below its own, in its row of the same history (random weights' flat logits)."""
+    bound = AgreementBound(min_tokens_kept=0.9, max_logprob_err=0.25, tie_margin=margin)
+    result = agreement("int8", {"a": ClipOutput(tokens, NEAR_TIES.scores)}, {"a": NEAR_TIES}, bound)
+    assert (result.tokens_kept, result.equal_prefix, result.passed) == (pytest.approx(kept), pytest.approx(prefix), passed)
+
+
+def test_forced_rows_count_ties_as_kept():
+    moved = NEAR_TIES.scores.copy()
+    moved[0, 1] += 0.2  # row 0's argmax becomes 1: fp32 had it 0.1 behind
+    result = agreement("int8", {"a": ClipOutput(NEAR_TIES.tokens, moved)}, {"a": NEAR_TIES},
+                       AgreementBound(tie_margin=0.15))
+    assert (result.argmax_agreement, result.ties) == (1.0, 1)
+    strict = agreement("int8", {"a": ClipOutput(NEAR_TIES.tokens, moved)}, {"a": NEAR_TIES}, AgreementBound())
+    assert (strict.argmax_agreement, strict.ties) == (0.75, 0)
 
 
 def test_the_ctc_bound_holds_the_reference_tokens_score_not_every_score():
