@@ -29,3 +29,9 @@ def test_frameworks_bench_measures_every_door(test_model_dir: Path) -> None:
         assert all(row[d]["wer"] < 0.5 for d in more_doors.DOORS), {d: row[d] for d in more_doors.DOORS}
     timing = result["deepgram_timing"]
     assert timing["interims"] > 0 and timing["speech_final_after_end_silence"]["count"] == 2
+
+
+def test_frameworks_bench_refuses_an_unknown_or_second_noise() -> None:
+    for noises in ("white", "pink,brown"):
+        code, _, err = bench("frameworks", "--noises", noises)
+        assert code == 2 and "--noises" in err and "brown" in err, err
