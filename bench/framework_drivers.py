@@ -1,4 +1,4 @@
-"""How pipecat and openai-agents are driven against the server, shared by `python -m bench frameworks`
+"""How pipecat, LiveKit and openai-agents are driven against the server, shared by `python -m bench frameworks`
 (bench/frameworks.py, bench/more_doors.py) and the framework tests (tests/frameworks/), so the WER a door
 gets is measured the way its test drives it.
 
@@ -7,7 +7,8 @@ transport would push them, at `pace` x real time (real time is not needed; the o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,49 @@ async def pipecat_transcripts(service: Any, frames: list[bytes], pace: float, qu
     down, _ = await run_test(Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), service]),
                              frames_to_send=sent + [SleepFrame(sleep=quiet)], start_timeout=start_timeout)
     return [frame.text for frame in down if isinstance(frame, TranscriptionFrame)]
+
+
+def livekit_frames(frames: list[bytes]) -> list[Any]:
+    """16 kHz PCM16 frames as LiveKit's rtc.AudioFrame."""
+    from livekit import rtc
+
+    return [rtc.AudioFrame(frame, sample_rate=SAMPLE_RATE, num_channels=1, samples_per_channel=len(frame) // 2)
+            for frame in frames]
+
+
+async def livekit_events(stream: Any, frames: list[bytes], pace: float, quiet: float, *, end_first: bool = True,
+                         done: Callable[[list[Any]], bool] = lambda events: False) -> list[Any]:
+    """`frames` pushed into a LiveKit STT `stream()` (an agent session's way); every SpeechEvent it gives,
+    until done(events) or `quiet` s pass without a new one. The input is ended before that wait (end_first:
+    the stream stays open for the last answer) or after it (Deepgram's stream stops reading at the end)."""
+    events: list[Any] = []
+
+    async def read() -> None:
+        async for event in stream:
+            events.append(event)
+
+    reader = asyncio.ensure_future(read())
+    for frame in livekit_frames(frames):
+        stream.push_frame(frame)
+        await asyncio.sleep(FRAME_MS / 1000 / pace)
+    if end_first:
+        stream.end_input()
+    heard, since = -1, time.monotonic()
+    while not done(events) and (len(events) != heard or time.monotonic() - since < quiet):
+        if len(events) != heard:
+            heard, since = len(events), time.monotonic()
+        await asyncio.sleep(0.1)
+    if not end_first:
+        stream.end_input()
+    await stream.aclose()
+    reader.cancel()
+    return events
+
+
+def livekit_finals(events: list[Any]) -> list[str]:
+    from livekit.agents import stt as agents_stt
+
+    return [e.alternatives[0].text for e in events if e.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT]
 
 
 def agents_chunks(frames: list[bytes]) -> list[np.ndarray]:

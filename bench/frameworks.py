@@ -48,7 +48,7 @@ from pipeline.audio import SAMPLE_RATE
 from .common import command_line, emit, machine, say
 from .serverproc import ServerProcess, free_port
 from . import deepgram, more_doors, silence
-from .framework_drivers import pipecat_transcripts
+from .framework_drivers import livekit_events, livekit_finals, pipecat_transcripts
 from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
 
 DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming", "wyoming-joined",
@@ -77,35 +77,14 @@ async def pipecat_text(port: int, audio: list[np.ndarray]) -> str:
 
 
 async def livekit_text(port: int, audio: list[np.ndarray]) -> str:
-    from livekit import rtc
-    from livekit.agents import stt as agents_stt
     from livekit.agents import utils
     from livekit.plugins import openai as lk_openai
 
-    finals: list[str] = []
     async with utils.http_context.open():
         stt = lk_openai.STT(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", model="gpt-4o-transcribe",
                             use_realtime=True)
-        stream = stt.stream()
-
-        async def read() -> None:
-            async for event in stream:
-                if event.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT:
-                    finals.append(event.alternatives[0].text)
-
-        reader = asyncio.ensure_future(read())
-        for chunk in frames(audio):
-            stream.push_frame(rtc.AudioFrame(chunk, sample_rate=SAMPLE_RATE, num_channels=1,
-                                             samples_per_channel=FRAME))
-            await asyncio.sleep(0.02 / PACE)
-        stream.end_input()
-        heard = -1
-        while heard != len(finals):  # until QUIET s pass with no new transcript
-            heard = len(finals)
-            await asyncio.sleep(QUIET)
-        await stream.aclose()
-        reader.cancel()
-    return " ".join(finals)
+        events = await livekit_events(stt.stream(), frames(audio), PACE, QUIET)
+    return " ".join(livekit_finals(events))
 
 
 async def wyoming_text(port: int, audio: list[np.ndarray]) -> str:
