@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
 
+from .framework_drivers import livekit_events, livekit_finals
 from .silence import pcm16, wav_bytes
 
 DOORS = ("dg-post", "dg-live", "dg-livekit", "dg-pipecat")
@@ -77,32 +78,13 @@ def finals_text(got: list[tuple[float, dict]]) -> str:
 
 
 async def livekit_text(port: int, frames: list[bytes], pace: float, quiet: float) -> str:
-    from livekit import rtc
-    from livekit.agents import stt as agents_stt
     from livekit.agents import utils
     from livekit.plugins import deepgram
 
-    finals: list[str] = []
     async with utils.http_context.open():
         stream = deepgram.STT(base_url=f"http://127.0.0.1:{port}/v1/listen", api_key="bench").stream()
-
-        async def read() -> None:
-            async for event in stream:
-                if event.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT:
-                    finals.append(event.alternatives[0].text)
-
-        reader = asyncio.ensure_future(read())
-        for chunk in frames:
-            stream.push_frame(rtc.AudioFrame(chunk, sample_rate=SAMPLE_RATE, num_channels=1, samples_per_channel=FRAME))
-            await asyncio.sleep(0.02 / pace)
-        heard = -1
-        while heard != len(finals):
-            heard = len(finals)
-            await asyncio.sleep(quiet)
-        stream.end_input()
-        await stream.aclose()
-        reader.cancel()
-    return " ".join(finals)
+        events = await livekit_events(stream, frames, pace, quiet, end_first=False)
+    return " ".join(livekit_finals(events))
 
 
 async def pipecat_text(port: int, frames: list[bytes], pace: float, quiet: float) -> str:

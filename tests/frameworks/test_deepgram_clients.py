@@ -15,10 +15,10 @@ pytest.importorskip("deepgram", reason="deepgram-sdk is not installed (pip insta
 pytest.importorskip("livekit.plugins.deepgram", reason="livekit-plugins-deepgram is not installed")
 pytest.importorskip("pipecat.services.deepgram.stt", reason="pipecat-ai[deepgram] is not installed")
 
-from livekit import rtc  # noqa: E402
 from livekit.agents import stt as agents_stt  # noqa: E402
 from livekit.agents import utils  # noqa: E402
 
+from bench.framework_drivers import livekit_events, livekit_finals, livekit_frames  # noqa: E402
 from frameworks_testkit import FRAME_MS, ROOT, expected_words, pcm_frames  # noqa: E402
 from openai_testkit import TOKEN, words  # noqa: E402
 
@@ -42,9 +42,8 @@ def build(name: str, url: Any, **names: Any) -> dict[str, Any]:
     return scope
 
 
-def audio_frames() -> list[rtc.AudioFrame]:
-    return [rtc.AudioFrame(chunk, sample_rate=16000, num_channels=1, samples_per_channel=len(chunk) // 2)
-            for chunk in pcm_frames()]
+def audio_frames() -> list[Any]:
+    return livekit_frames(pcm_frames())
 
 
 def check_texts(texts: list[str], model_dir: Path) -> None:
@@ -95,26 +94,11 @@ async def test_livekit_stream_and_recognize(serve_test_server, test_model_dir):
     async with serve_test_server(token=TOKEN) as url:
         async with utils.http_context.open():
             stt = build("livekit", url)["stt"]
-            stream = stt.stream()
-            events: list[Any] = []
-
-            async def read() -> None:
-                async for event in stream:
-                    events.append(event)
-
-            reader = asyncio.ensure_future(read())
-            for frame in audio_frames():
-                stream.push_frame(frame)
-                await asyncio.sleep(FRAME_MS / 4000)
-            for _ in range(300):
-                if sum(e.type == agents_stt.SpeechEventType.END_OF_SPEECH for e in events) >= 3:
-                    break
-                await asyncio.sleep(0.1)
-            stream.end_input()
-            await stream.aclose()
-            reader.cancel()
+            events = await livekit_events(
+                stt.stream(), pcm_frames(), pace=4.0, quiet=30.0, end_first=False,
+                done=lambda events: sum(e.type == agents_stt.SpeechEventType.END_OF_SPEECH for e in events) >= 3)
             kinds = [e.type for e in events]
-            finals = [e.alternatives[0].text for e in events if e.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT]
+            finals = livekit_finals(events)
             assert kinds.count(agents_stt.SpeechEventType.END_OF_SPEECH) == 3, kinds
             assert agents_stt.SpeechEventType.INTERIM_TRANSCRIPT in kinds
             # LiveKit's 25 ms endpointing is raised to MIN_ENDPOINTING_MS, so no turn is cut into fragments

@@ -3,25 +3,22 @@
 No room, no transport: audio frames go straight into the plugin's STT, as an agent session would push them."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 pytest.importorskip("livekit.plugins.openai", reason="livekit-plugins-openai is not installed "
                     "(pip install -e '.[frameworks]')")
 
-from livekit import rtc  # noqa: E402
 from livekit.agents import stt as agents_stt  # noqa: E402
 from livekit.agents import utils  # noqa: E402
 from livekit.plugins import openai as lk_openai  # noqa: E402
 
-from frameworks_testkit import FRAME_MS, expected_words, pcm_frames  # noqa: E402
+from bench.framework_drivers import livekit_events, livekit_finals, livekit_frames  # noqa: E402
+from frameworks_testkit import expected_words, pcm_frames  # noqa: E402
 from openai_testkit import TOKEN, words  # noqa: E402
 
 
-def audio_frames() -> list[rtc.AudioFrame]:
-    return [rtc.AudioFrame(chunk, sample_rate=16000, num_channels=1, samples_per_channel=len(chunk) // 2)
-            for chunk in pcm_frames()]
+def audio_frames() -> list:
+    return livekit_frames(pcm_frames())
 
 
 async def test_recognize_posts_the_buffer(serve_test_server, test_model_dir):
@@ -47,25 +44,10 @@ async def test_realtime_stream(serve_test_server, test_model_dir):
         async with utils.http_context.open():  # the plugin's WebSocket session, outside a job
             stt = lk_openai.STT(base_url=f"{url.http}/v1", api_key=TOKEN, model="gpt-4o-transcribe",
                                 use_realtime=True)
-            stream = stt.stream()
-            finals: list[str] = []
-
-            async def read() -> None:
-                async for event in stream:
-                    if event.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT:
-                        finals.append(event.alternatives[0].text)
-
-            reader = asyncio.ensure_future(read())
-            for frame in audio_frames():
-                stream.push_frame(frame)
-                await asyncio.sleep(FRAME_MS / 4000)
-            stream.end_input()
-            for _ in range(300):  # the last turn's answer (the stream stays open until closed)
-                if len(finals) >= 3:
-                    break
-                await asyncio.sleep(0.1)
-            await stream.aclose()
-            reader.cancel()
+            # the last turn's answer comes after the input's end (the stream stays open until closed)
+            events = await livekit_events(stt.stream(), pcm_frames(), pace=4.0, quiet=30.0,
+                                          done=lambda events: len(livekit_finals(events)) >= 3)
+    finals = livekit_finals(events)
     assert len(finals) == 3 and all(t.strip() for t in finals), finals
     if expected_words(test_model_dir):
         assert words(" ".join(finals)) == expected_words(test_model_dir), finals

@@ -11,26 +11,17 @@ import pytest
 
 pytest.importorskip("pipecat", reason="pipecat-ai is not installed (pip install -e '.[frameworks]')")
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer  # noqa: E402
-from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame  # noqa: E402
-from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
-from pipecat.processors.audio.vad_processor import VADProcessor  # noqa: E402
 from pipecat.services.openai.stt import OpenAIRealtimeSTTService, OpenAISTTService  # noqa: E402
-from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
 
-from frameworks_testkit import FRAME_MS, expected_words, pcm_frames  # noqa: E402
+from bench.framework_drivers import pipecat_transcripts  # noqa: E402
+from frameworks_testkit import expected_words, pcm_frames  # noqa: E402
 from openai_testkit import DEMO, HELD_OUT, TOKEN, knows_words, sdk, words  # noqa: E402
 
 
 async def transcribe(service: Any, path: Path = HELD_OUT) -> list[str]:
-    """A recording's frames through pipecat's VAD and `service`; the TranscriptionFrames' texts."""
-    frames: list[Any] = [InputAudioRawFrame(audio=chunk, sample_rate=16000, num_channels=1)
-                         for chunk in pcm_frames(path)]
-    # real-time pace is not needed, but the last turn's answer must come back before the EndFrame
-    paced = [item for frame in frames for item in (frame, SleepFrame(sleep=FRAME_MS / 4000))]
-    down, _ = await run_test(Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), service]),
-                             frames_to_send=paced + [SleepFrame(sleep=4.0)], start_timeout=10.0)
-    return [frame.text for frame in down if isinstance(frame, TranscriptionFrame)]
+    """A recording's frames through pipecat's VAD and `service` at 4x real time (as the bench drives it);
+    the TranscriptionFrames' texts."""
+    return await pipecat_transcripts(service, pcm_frames(path), pace=4.0, quiet=4.0, start_timeout=10.0)
 
 
 async def test_realtime_service_default_mode(serve_test_server, test_model_dir):
