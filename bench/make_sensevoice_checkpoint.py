@@ -3,7 +3,7 @@
     /tmp/funasr-venv/bin/python -m bench.make_sensevoice_checkpoint --out /tmp/sv_ckpt [--seed S] [--layer-norms]
 
 The layout of the release (ModelScope's iic/SenseVoiceSmall, Hugging Face's FunAudioLLM/SenseVoiceSmall:
-model.pt, config.yaml, am.mvn, chn_jpn_yue_eng_ko_spectok.bpe.model), so that `python -m export sensevoice
+model.pt, config.yaml, am.mvn, chn_jpn_yue_eng_ko_spectok.bpe.model, configuration.json), so that `python -m export sensevoice
 --checkpoint OUT` reads it exactly as it reads the released model. The weights are FunASR's own
 initialisation of funasr.models.sense_voice.model.SenseVoiceSmall at the released geometry (models.sensevoice
 PRESETS["full"]: 50 + 20 encoder blocks of 512, vocabulary 25055; --size tiny for the tests), seeded; nothing
@@ -16,6 +16,7 @@ import it).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -70,6 +71,13 @@ def write_checkpoint(out: Path, seed: int, layer_norms: bool = False, size: str 
               "input_size": dims.input_size, "vocab_size": dims.vocab_size,
               "frontend": "WavFrontend", "frontend_conf": dict(FRONTEND, cmvn_file="am.mvn")}
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    # ModelScope's configuration.json: where FunASR's AutoModel finds the files of a downloaded model
+    configuration = {"framework": "pytorch", "task": "auto-speech-recognition", "model": {"type": "funasr"},
+                     "pipeline": {"type": "funasr-pipeline"},
+                     "file_path_metas": {"init_param": "model.pt", "config": "config.yaml",
+                                         "tokenizer_conf": {"bpemodel": bpe_name},
+                                         "frontend_conf": {"cmvn_file": "am.mvn"}}}
+    (out / "configuration.json").write_text(json.dumps(configuration, indent=2) + "\n", encoding="utf-8")
     (out / bpe_name).write_bytes(bpe_model(synthetic_tokens(dims.vocab_size)))
     write_speech_cmvn(out / "am.mvn")
     return write_made_by(out, "bench/make_sensevoice_checkpoint.py", model,

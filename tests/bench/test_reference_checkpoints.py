@@ -1,7 +1,8 @@
 """bench/make_sensevoice_checkpoint.py and bench/make_paraformer_checkpoint.py write released-layout
 checkpoints with FunASR's own seeded initialisation, which the exporters' readers (export.<family>.
-checkpoint_model, what `python -m export <family> --checkpoint` runs) load strictly. Run at the tiny size under
-the Python that has FunASR (FUNASR_PYTHON, default /tmp/funasr-venv/bin/python); skipped where it is absent."""
+checkpoint_model, what `python -m export <family> --checkpoint` runs) load strictly (and FunASR's
+AutoModel loads SenseVoice's as a download). Run at the tiny size under the Python that has FunASR
+(FUNASR_PYTHON, default /tmp/funasr-venv/bin/python); skipped where it is absent."""
 from __future__ import annotations
 
 import importlib
@@ -89,6 +90,28 @@ def test_the_sensevoice_checkpoint_has_the_released_files_and_tags(plain_checkpo
     assert processor.unk_id() == 0 and processor.bos_id() == 1 and processor.eos_id() == 2
     config = yaml.safe_load((directory / "config.yaml").read_text(encoding="utf-8"))
     assert config["model"] == "SenseVoiceSmall" and config["tokenizer_conf"]["bpemodel"] == bpe.name
+
+
+FUNASR_LOADS = """
+import json, sys, torch
+from funasr import AutoModel
+model = AutoModel(model=sys.argv[1], device="cpu", disable_update=True, log_level="ERROR")
+saved = torch.load(sys.argv[1] + "/model.pt", weights_only=True)
+print(json.dumps({"model": type(model.model).__name__, "pieces": model.kwargs["tokenizer"].get_vocab_size(),
+                  "same_weights": all(torch.equal(v, saved[k]) for k, v in model.model.state_dict().items())}))
+"""
+
+
+@needs_funasr
+def test_funasr_loads_the_sensevoice_checkpoint_as_a_download(plain_checkpoint) -> None:
+    """FunASR's own AutoModel reads the directory as a ModelScope download (configuration.json's paths):
+    its model, its tokenizer, the weights written."""
+    _, directory = plain_checkpoint("sensevoice")
+    done = subprocess.run([str(FUNASR_PYTHON), "-c", FUNASR_LOADS, str(directory)], cwd=directory,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"model": "SenseVoiceSmall", "pieces": 64, "same_weights": True}
 
 
 def test_the_checkpoint_scripts_say_where_funasr_is_missing(tmp_path: Path) -> None:
