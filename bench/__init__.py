@@ -10,4 +10,6 @@ and of export (the peer, the training loop), imported by nothing but tests.
     train.py      seconds per training step of the demo model
     report.py     docs/benchmarks.md sections and docs/latency_vs_streams.png from saved results
     make_peer.py  writes the peer (FunASR's own export of the same weights); needs the funasr package
+    make_sensevoice_checkpoint.py, make_paraformer_checkpoint.py  released-layout checkpoints with FunASR's
+                  own seeded initialisation (reference_checkpoint.py: what they share); need funasr
 """

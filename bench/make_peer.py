@@ -24,18 +24,25 @@ import time
 from pathlib import Path
 
 
-def funasr_model(dims):
-    """FunASR's SenseVoiceSmall with the geometry of our ModelDimensions (eval mode, random weights)."""
-    from funasr.models.sense_voice.model import SenseVoiceSmall
+ENCODER = "SenseVoiceEncoderSmall"  # FunASR's class name, as the released config.yaml spells it
 
-    encoder_conf = dict(
+
+def funasr_encoder_conf(dims) -> dict:
+    """FunASR's encoder_conf for the geometry of our ModelDimensions (as the released config.yaml spells it)."""
+    return dict(
         output_size=dims.output_size, attention_heads=dims.attention_heads, linear_units=dims.linear_units,
         num_blocks=dims.num_blocks, tp_blocks=dims.tp_blocks, dropout_rate=0.1, positional_dropout_rate=0.1,
         attention_dropout_rate=0.1, input_layer="pe", pos_enc_class="SinusoidalPositionEncoder",
         normalize_before=True, kernel_size=dims.kernel_size, sanm_shfit=dims.sanm_shift,
         selfattention_layer_type="sanm",
     )
-    model = SenseVoiceSmall(encoder="SenseVoiceEncoderSmall", encoder_conf=encoder_conf,
+
+
+def funasr_model(dims):
+    """FunASR's SenseVoiceSmall with the geometry of our ModelDimensions (eval mode, random weights)."""
+    from funasr.models.sense_voice.model import SenseVoiceSmall
+
+    model = SenseVoiceSmall(encoder=ENCODER, encoder_conf=funasr_encoder_conf(dims),
                             input_size=dims.input_size, vocab_size=dims.vocab_size)
     return model.eval()
 
