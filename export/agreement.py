@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -33,6 +34,9 @@ class ClipOutput:
     scores: np.ndarray
     count: int | None = None
     aligned: tuple[tuple[str, np.ndarray], ...] = ()
+    # CTC: the tokens a row-wise choice of scores makes (the greedy collapse), so that ties can be broken the
+    # reference's way before tokens are compared; None where the rows are the tokens' own (a decoder's)
+    collapse: Callable[[np.ndarray], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class ClipAgreement:
     max_reference_token_err: float
     equal_prefix: float  # tokens_kept with every difference counted, ties included
     ties: int  # rows (fed the reference's tokens) whose argmax differs by a tie
+    max_turned_lead: float  # the largest lead of the reference's choice over the precision's where they differ
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class PrecisionAgreement:
     passed: bool
     equal_prefix: float
     ties: int  # over every clip
+    max_turned_lead: float
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -115,27 +121,36 @@ def clip_agreement(ref: ClipOutput, out: ClipOutput, tie_margin: float | None = 
     """`out`'s figures against the reference's `ref` on one clip (ties: AgreementBound.tie_margin)."""
     from .evaluate import edit_distance
 
-    same = [a == b for a, b in zip(ref.tokens, out.tokens)] + [False]  # a shorter answer differs where it ends
-    expected = max(len(ref.tokens), 1)
-    first = min(same.index(False), len(ref.tokens))
-    # Up to the first difference both histories are the reference's, so its row there scored the other token.
-    tied = first < min(len(ref.tokens), len(out.tokens)) and is_tie(ref.scores, first, ref.tokens[first],
-                                                                      out.tokens[first], tie_margin)
     rows = min(len(ref.scores), len(out.scores))
     a, b = ref.scores[:rows].astype(np.float64), out.scores[:rows].astype(np.float64)
     diff = np.abs(a - b)
-    ties = 0
+    ties, tokens, max_turned_lead = 0, out.tokens, 0.0
     if a.ndim == 2:  # [rows, vocab]: each row's choice
         picked, theirs = a.argmax(-1), b.argmax(-1)
         chosen_diff = np.take_along_axis(diff, picked[:, None], axis=-1)
-        ties = sum(is_tie(a, r, picked[r], theirs[r], tie_margin) for r in np.flatnonzero(picked != theirs))
-        argmax_agreement = float(np.mean(picked == theirs)) + ties / rows if rows else 1.0
+        tied = np.array([picked[r] != theirs[r] and is_tie(a, r, picked[r], theirs[r], tie_margin) for r in range(rows)],
+                        bool)
+        ties = int(tied.sum())
+        turned = np.flatnonzero(picked != theirs)
+        max_turned_lead = float(max((a[r, picked[r]] - a[r, theirs[r]] for r in turned), default=0.0))
+        argmax_agreement = float(np.mean((picked == theirs) | tied)) if rows else 1.0
+        if ref.collapse is not None and rows == len(out.scores):  # CTC: the answer with its ties broken fp32's way
+            tokens = ref.collapse(np.where(tied, picked, theirs))
     else:  # one score per row (the token's own)
         chosen_diff, argmax_agreement = diff, 1.0
+    same = [x == y for x, y in zip(ref.tokens, out.tokens)] + [False]  # a shorter answer differs where it ends
+    expected = max(len(ref.tokens), 1)
+    first = min(same.index(False), len(ref.tokens))
     equal_prefix = first / expected if ref.tokens else 1.0
-    return ClipAgreement(len(ref.tokens), 1.0 - edit_distance(ref.tokens, out.tokens) / expected,
-                         1.0 if tied else equal_prefix, argmax_agreement, float(diff.max(initial=0.0)),
-                         float(chosen_diff.max(initial=0.0)), equal_prefix, int(ties))
+    # A decoder's histories are the reference's up to its first difference, so its row there scored the other token.
+    tie_first = (ref.collapse is None and first < min(len(ref.tokens), len(out.tokens))
+                 and is_tie(ref.scores, first, ref.tokens[first], out.tokens[first], tie_margin))
+    if ref.collapse is not None:
+        same = [x == y for x, y in zip(ref.tokens, tokens)] + [False]
+    kept = 1.0 if tie_first else min(same.index(False), len(ref.tokens)) / expected if ref.tokens else 1.0
+    return ClipAgreement(len(ref.tokens), 1.0 - edit_distance(ref.tokens, tokens) / expected, kept, argmax_agreement,
+                         float(diff.max(initial=0.0)), float(chosen_diff.max(initial=0.0)), equal_prefix, ties,
+                         max_turned_lead)
 
 
 def meets(bound: AgreementBound, counts: list[tuple[int, int]], clips: list[ClipAgreement]) -> bool:
@@ -168,7 +183,8 @@ def agreement(precision: str, outputs: dict[str, ClipOutput], reference: dict[st
         min(c.token_agreement for c in per_clip), min(c.tokens_kept for c in per_clip),
         min(c.argmax_agreement for c in per_clip), max(c.max_logprob_err for c in per_clip),
         max(c.max_reference_token_err for c in per_clip), tuple(sorted(aligned_errs.items())), tuple(per_clip),
-        bound, meets(bound, counts, per_clip), min(c.equal_prefix for c in per_clip), sum(c.ties for c in per_clip))
+        bound, meets(bound, counts, per_clip), min(c.equal_prefix for c in per_clip), sum(c.ties for c in per_clip),
+        max(c.max_turned_lead for c in per_clip))
 
 
 def add_agreement(report: dict, outputs: dict[str, dict[str, ClipOutput]], bound: AgreementBound, reference) -> None:
@@ -196,6 +212,7 @@ FIGURE_LINES = (  # (report key, bound key, how verify prints it)
     ("equal_prefix", None, "equal until the first difference {:.1%}"),
     ("argmax_agreement", None, "argmax agreement {:.1%}"),
     ("ties", None, "ties broken otherwise {}"),
+    ("max_turned_lead", None, "largest lead turned {:.3g}"),
     ("max_logprob_err", "max_logprob_err", "max score error {:.3g}"),
     ("max_reference_token_err", "max_reference_token_err", "max error of the reference's token {:.3g}"),
 )
@@ -207,6 +224,8 @@ def agreement_line(a: dict) -> str:
     counts = ", ".join(f"{clip} {r}->{n}" for clip, (r, n) in a["counts"].items())
     figures = [text.format(a[key]) + (f" (bound {a['bound'][bound]:g})" if bound and a["bound"][bound] is not None
                                       else "") for key, bound, text in FIGURE_LINES]
+    ties = a["bound"]["tie_margin"]
+    figures += [f"ties: leads up to {ties:g}"] if ties is not None else []
     return (f"against {a['reference']}: counts {counts}; {', '.join(figures)}"
             + "".join(f", max {k} error {v:.3g}" for k, v in a["max_aligned_err"].items())
             + ("" if a["passed"] else " -- NOT MET"))

@@ -14,14 +14,18 @@ and, apart from the body, the form of the graph's last MatMul (`head`): the deco
 the vocabulary) and the encoder's final projection (proj2, what the decoder reads as audio embeddings).
 The embedding table (a Gather) stays float32 in every recipe.
 
-Measured at 0.6B with every parameter random (norm gains and biases included; docs/benchmarks.md, issue 40),
-against fp32 on the same clips: per-tensor "dynamic" (before) moved the logits by up to 1.0 (relative RMS 13-15 %)
-and kept 66-84 % of fp32's greedy choices given fp32's history; "blockwise" halves that (0.47-0.63, 8-10 %,
-81-94 %), no slower per token, and is the recipe when int8 is asked for. Neither keeps fp32's greedy
-tokens (`verify`'s agreement fails), so Qwen3-ASR's CPU default is fp32 (pipeline/catalog.py). Each MatMul
-input's range is one number over all its channels in "dynamic", and RMSNorm gains spread the channels
-(outliers): the small channels lose their bits. "weight-only" keeps activations in float, but ONNX Runtime
-computes its 8-bit form without an optimised kernel on the CPU: 4.2 s per token at 0.6B.
+Measured at 0.6B (docs/benchmarks.md, issue 40), against fp32 on verify's clips. On a checkpoint made by
+the qwen-asr package's own class and initialisation (bench/make_qwen3_checkpoint.py), "per-channel" moves
+the logits by at most 0.18 (RMS 0.03 of a 0.64 spread) and turns only fp32's near-ties (leads of at most
+0.06): verify passes, padding exact; it is the recipe when int8 is asked for, made a weight at a time
+(export/graph_weights.py quantize_int8_streaming). "blockwise" is as close (0.15) but not padding-exact:
+ONNX Runtime's MatMulNBits int8 kernel rounds a row differently with the number of rows (0.04 between a clip
+alone and in the container at 0.3 s and 10 s), which breaks the promise that int8 answers alike in any
+container. On --random-init's spread norm gains (channel outliers) no recipe meets verify's bound: "dynamic"
+moves the logits by up to 1.0, "blockwise" 0.63 (8-10 % RMS): one activation range per tensor leaves the
+small channels few bits. So Qwen3-ASR's CPU default stays fp32 (pipeline/catalog.py): a trained checkpoint's
+outliers are not known here. "weight-only" keeps activations in float, but ONNX Runtime computes its 8-bit
+form without an optimised kernel on the CPU: 4.2 s per token at 0.6B.
 """
 from __future__ import annotations
 

@@ -24,11 +24,11 @@ from pipeline.qwen3_decoding import GRAPHS
 QWEN3_LENGTHS, SENSEVOICE_LENGTHS = (1.5, 6.1), (2.0, 7.0)
 
 
-def coarse(src, dst) -> None:
-    """A deliberately unfaithful int8 graph: 4-bit weights, one scale per 128 inputs."""
+def coarse(src, dst, bits: int = 4) -> None:
+    """A deliberately unfaithful int8 graph: `bits`-bit weights, one scale per 128 inputs."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=4, block_size=128, is_symmetric=True,
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=bits, block_size=128, is_symmetric=True,
                                      accuracy_level=0, op_types_to_quantize=("MatMul",))
     quantizer.process()
     onnx.save(quantizer.model.model, str(dst))
@@ -95,7 +95,9 @@ def test_sensevoice_int8_keeps_fp32s_answer(tiny_model_dir):
 
 
 def test_sensevoice_verify_fails_an_int8_that_loses_fp32s_answer(tiny_model_dir, tmp_path):
-    out = copy_with_int8(tiny_model_dir, tmp_path, lambda src, dst, graph: coarse(src, dst))
+    """2-bit weights. On the tiny random model's flat posteriors 4-bit turns leads of at most 0.16 (int8:
+    0.009), too few of them past the tie margin to fail the token bound; 2-bit keeps 47 % of the tokens."""
+    out = copy_with_int8(tiny_model_dir, tmp_path, lambda src, dst, graph: coarse(src, dst, bits=2))
     report = verify(out, ["int8"], None, SENSEVOICE_LENGTHS)  # fp32 decoded for the comparison only
     agreement = report["precisions"]["int8"]["agreement"]
     assert not agreement["passed"] and not report["passed"]
