@@ -9,10 +9,13 @@ one showed. Clients of append-only protocols (OpenAI Realtime's `...transcriptio
     only stable text is sent as a delta, and it is never revised: it is committed;
   * the final keeps the committed prefix: `complete(final)` aligns the committed words with the final's
     (edit distance over words) and returns the final's text after the aligned position. The committed
-    prefix plus that rest is the segment's completed transcript, so the concatenated deltas are always a
-    prefix of it, and a client that appends everything shows exactly the completed text.
-When the committed words disagree with the final, the final's version of those words is lost: that is the
-price of append-only output, which AGREEMENT keeps rare. Pure: strings in, strings out.
+    prefix plus that rest is the segment's appended text: the final's words whenever the committed ones
+    agree with it, and a client that appends everything then shows exactly the final.
+When the committed words disagree with the final, the final's version of those words is lost from the
+appended text: that is the price of append-only output, which AGREEMENT keeps rare (a partial hears only
+the start of a turn, and in room noise its first word may be one the final revises). A protocol that also
+sends the final whole sends the final's own words there (Realtime's `.completed`, which clients keep as
+the turn's text: server/openai_realtime.py). Pure: strings in, strings out.
 """
 from __future__ import annotations
 
