@@ -154,15 +154,17 @@ def starting_at(transcript: Transcript, speech_start: float) -> Transcript:
 def after_context(transcript: Transcript, start: float, end: float,
                   previous: Sequence[TokenTiming] | None) -> Transcript:
     """The transcript of audio whose seconds [start, end) were heard only as context (the end of the
-    previous segment, pipeline/trim.py), without the words of that context: as many leading words as
-    `previous` (that segment's own words) has centred from `start` on, but never a word centred more than
-    CONTEXT_SLACK after `end` (heard again, the context may lose a word it said); without `previous` (it
-    failed), the words centred before `end`. Tokens go with their word; the text is that of the tokens
-    kept; tags stay."""
+    previous segment, pipeline/trim.py), without the words of that context: the leading words that align
+    with `previous`' (that segment's own words) centred from `start` on, by word edit distance, so a word
+    one decoding has and the other lacks ("next next" heard once, "off delete" against "delete") neither
+    repeats nor loses a word; but never a word centred more than CONTEXT_SLACK after `end` (heard again,
+    the context may lose a word it said); without `previous` (it failed), the words centred before `end`.
+    Tokens go with their word; the text is that of the tokens kept; tags stay."""
     limit = end if previous is None else end + CONTEXT_SLACK
     drop = sum(1 for w in transcript.words if (w.start + w.end) / 2 < limit)
     if previous is not None:
-        drop = min(drop, sum(1 for w in previous if (w.start + w.end) / 2 >= start))
+        said = [w.text.lower() for w in previous if (w.start + w.end) / 2 >= start]
+        drop = min(drop, aligned_length(said, [w.text.lower() for w in transcript.words]))
     if not drop:
         return transcript
     kept = transcript.words[drop:]
@@ -170,6 +172,21 @@ def after_context(transcript: Transcript, start: float, end: float,
     tokens = tuple(t for t in transcript.tokens if t.start >= first)
     text = " ".join("".join(t.text for t in tokens).split())
     return dataclasses.replace(transcript, text=text, tokens=tokens, words=tuple(kept))
+
+
+def aligned_length(mine: Sequence[str], words: Sequence[str]) -> int:
+    """How many of `words` (from the first) correspond to `mine`: the j whose words[:j] is closest to `mine`
+    in word edit distance (the longest such j on a tie, so no word of `mine` comes back)."""
+    previous = list(range(len(mine) + 1))  # distances of words[:0] to mine[:i]
+    best, best_j = previous[-1], 0
+    for j, word in enumerate(words, 1):
+        row = [j]
+        for i, own in enumerate(mine, 1):
+            row.append(min(previous[i] + 1, row[i - 1] + 1, previous[i - 1] + (own != word)))
+        previous = row
+        if row[-1] <= best:
+            best, best_j = row[-1], j
+    return best_j
 
 
 def _tag_kind(name: str) -> str | None:

@@ -9,16 +9,19 @@ one showed. Clients of append-only protocols (OpenAI Realtime's `...transcriptio
     only stable text is sent as a delta, and it is never revised: it is committed;
   * the final keeps the committed prefix: `complete(final)` aligns the committed words with the final's
     (edit distance over words) and returns the final's text after the aligned position. The committed
-    prefix plus that rest is the segment's completed transcript, so the concatenated deltas are always a
-    prefix of it, and a client that appends everything shows exactly the completed text.
-When the committed words disagree with the final, the final's version of those words is lost: that is the
-price of append-only output, which AGREEMENT keeps rare. Pure: strings in, strings out.
+    prefix plus that rest is the segment's appended text: the final's words whenever the committed ones
+    agree with it, and a client that appends everything then shows exactly the final.
+When the committed words disagree with the final, the final's version of those words is lost from the
+appended text: that is the price of append-only output, which AGREEMENT keeps rare (a partial hears only
+the start of a turn, and in room noise its first word may be one the final revises). A protocol that also
+sends the final whole sends the final's own words there (Realtime's `.completed`, which clients keep as
+the turn's text: server/openai_realtime.py). Pure: strings in, strings out.
 """
 from __future__ import annotations
 
 import re
 
-from .decoding import is_cjk
+from .decoding import aligned_length, is_cjk
 
 AGREEMENT = 2  # consecutive partials that must agree on a word before it is committed
 HOLDBACK = 1  # words at the end of the newest partial that are never committed from a partial
@@ -49,21 +52,6 @@ def _separator(before: str, after: str) -> str:
     if not before or not after or before[-1].isspace() or after[0].isspace():
         return ""
     return "" if is_cjk(before[-1]) or is_cjk(after[0]) else " "
-
-
-def _aligned_length(committed: list[str], final: list[str]) -> int:
-    """How many of `final`'s words correspond to the `committed` words: the j whose final[:j] is closest
-    to `committed` in word edit distance (the longest such j on a tie, so no final word is repeated)."""
-    previous = list(range(len(committed) + 1))  # distances of final[:0] to committed[:i]
-    best, best_j = previous[-1], 0
-    for j, word in enumerate(final, 1):
-        row = [j]
-        for i, mine in enumerate(committed, 1):
-            row.append(min(previous[i] + 1, row[i - 1] + 1, previous[i - 1] + (mine != word)))
-        previous = row
-        if row[-1] <= best:
-            best, best_j = row[-1], j
-    return best_j
 
 
 class StablePrefix:
@@ -105,7 +93,7 @@ class StablePrefix:
             rest = final
         else:
             found = units(final)
-            j = _aligned_length(self._words, [w for w, _ in found])
+            j = aligned_length(self._words, [w for w, _ in found])
             tail = final[found[j - 1][1]:].lstrip() if j else final
             rest = _separator(self.text, tail) + tail
         self.text += rest

@@ -16,10 +16,12 @@ segmenter cuts from a live stream).
   client's VAD committed at a short pause (pipecat's default stop_secs is 0.2 s) or our segmenter cut at
   its length limit. Alone, such a fragment is often one short word the model gets wrong ("two" heard as
   "oh"); so the model hears up to CONTEXT_SECONDS of the previous segment before it (`Continuation`).
-  Its transcript then drops as many leading words as the previous segment's transcript had in that
-  context (pipeline.decoding.after_context): counted, not timed, because CTC spikes come early by a
-  model's own offset and the word at a cut straddles it; but never a word timed well past the context,
-  for heard again the context may lose a short word it had.
+  Its transcript then drops the leading words that align with the previous segment's words in that
+  context (pipeline.decoding.after_context): aligned by word edit distance, not timed, because CTC spikes
+  come early by a model's own offset and the word at a cut straddles it, and not counted, because the two
+  decodings of the context may differ by a word ("next next" once, "next" again: a count then dropped a
+  word of the new segment); but never a word timed well past the context, for heard again the context
+  may lose a short word it had.
   Where the door has the audio as it came (Realtime commits: `heard`), the context is that sound; else it
   is the previous segment's copy, the pause neither kept filled with silence.
 """

@@ -7,10 +7,12 @@ however many segments an upload of its audio would have):
     input_audio_buffer.committed                                                          (after a commit)
     conversation.item.input_audio_transcription.delta ... -> .completed (or .failed)
 Deltas are append-only: a partial sends only the words pipeline/stable_prefix.py commits, the final sends
-the rest as a last delta, and `.completed` carries the committed text plus that rest, so the deltas of an
-item always add up to its transcript. Mistakes in a client event (bad JSON, bad base64, an unsupported
-format, an empty commit, an unknown type) are `error` events and the session goes on, as OpenAI's does;
-the stream's own limits (token, flood, idle, size) close it as on the other endpoints.
+the rest as a last delta. `.completed` carries the final's own transcript, the same words an upload of the
+segment gets: the deltas add up to it unless a committed partial word was wrong (then the deltas keep it,
+as append-only text must, and `.completed`, which clients keep as the turn's text, corrects it).
+Mistakes in a client event (bad JSON, bad base64, an unsupported format, an empty commit, an unknown
+type) are `error` events and the session goes on, as OpenAI's does; the stream's own limits (token,
+flood, idle, size) close it as on the other endpoints.
 """
 from __future__ import annotations
 
@@ -294,9 +296,12 @@ class RealtimeConnection(StreamConnection):
         rest = prefix.complete(transcript.text)
         if rest:
             self._put(event(f"{TRANSCRIPTION}.delta", item_id=item, content_index=0, delta=rest))
-        self._put(event(f"{TRANSCRIPTION}.completed", item_id=item, content_index=0, transcript=prefix.text,
-                        usage={"type": "duration", "seconds": round(job.end - job.start, 3)}),
-                  arrived=job.arrived)
+        # The final's own words, never the committed partials': every client takes the turn's text from
+        # `.completed` (pipecat, LiveKit, openai-agents), and a partial hears only the start of a turn
+        # ("next next" for "next", "off" for "delete": issue 36's turn edges).
+        self._put(event(f"{TRANSCRIPTION}.completed", item_id=item, content_index=0,
+                        transcript=transcript.text.strip(),
+                        usage={"type": "duration", "seconds": round(job.end - job.start, 3)}), arrived=job.arrived)
 
     def _on_commit_part(self, commit: _CommitItem, job: Job, transcript: Any, error: UnipadError | None) -> None:
         """One segment of a commit decoded (they come in order): its words as a delta of the commit's item,

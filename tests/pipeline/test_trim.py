@@ -157,6 +157,27 @@ def test_the_context_words_are_counted_from_what_the_segment_before_said():
     assert after_context(joined, 3.0, 3.65, words_at(("x", 3, 3), ("y", 3.3, 3.4))).text == "one"  # within CONTEXT_SLACK
 
 
+def test_the_context_words_are_aligned_not_counted():
+    """pipecat's commits inside two utterances in brown noise (bench frameworks, issue 36): the first
+    fragment said a word too many or one the context does not have, so counting its words dropped a word
+    of the second ("four", "call") or kept one it had said ("delete"). Aligned by word edit distance, the
+    second fragment keeps exactly its own words."""
+    def joined(*spans: tuple[str, float, float]) -> Transcript:
+        words = words_at(*spans)
+        return Transcript(" ".join(w.text for w in words), tokens=words_at(*((" " + t, a, b) for t, a, b in spans)),
+                          words=words)
+
+    heard = joined(("delete", 15.8, 16.1), ("zero", 16.5, 16.8), ("four", 16.95, 17.15), ("seven", 17.5, 17.8))
+    previous = words_at(("off", 15.75, 15.8), ("delete", 15.85, 16.1), ("zero", 16.5, 16.8))
+    assert after_context(heard, 15.476, 16.981, previous).text == "four seven"
+    heard = joined(("next", 21.6, 21.8), ("up", 21.9, 22.0), ("slower", 22.2, 22.6), ("call", 23.05, 23.2),
+                   ("delete", 23.5, 23.8))
+    previous = words_at(("next", 21.6, 21.7), ("next", 21.7, 21.8), ("up", 21.9, 22.0), ("slower", 22.2, 22.6))
+    assert after_context(heard, 21.259, 23.1, previous).text == "call delete"
+    heard = joined(("no", 15.7, 15.8), ("delete", 15.85, 16.1), ("zero", 16.5, 16.8), ("four", 17.3, 17.5))
+    assert after_context(heard, 15.476, 16.9, words_at(("delete", 15.85, 16.1))).text == "zero four"
+
+
 def test_the_context_is_the_sound_received_when_a_commit_cut_a_word():
     """Two Realtime commits, the first ending inside a word: the speech the segmenter keeps of the first
     ends at its last voiced frame, so the trimmed copy has a hole at the cut. The context is taken from the

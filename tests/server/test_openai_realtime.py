@@ -184,6 +184,55 @@ async def test_a_commit_holding_two_utterances_is_cut_as_an_upload(serve_test_se
                     assert words(transcript) == words(upload) == words(" ".join(spoken)), rate
 
 
+async def semantic_vad_turns(port: int, data: bytes) -> tuple[list[str], list[str]]:
+    """24 kHz PCM16 `data` as openai-agents' StreamedAudioInput sends it with its defaults (semantic_vad, 20 ms
+    appends, here at 4 x real time): each turn's `.completed` transcript, and every delta."""
+    uri = f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription"
+    completed: list[str] = []
+    deltas: list[str] = []
+    async with websockets.connect(uri, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        await expect(ws, "session.created")
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": {"type": "semantic_vad"}}}}}))
+        await expect(ws, "session.updated")
+
+        async def receive() -> None:
+            while len(completed) < 2:
+                event = json.loads(await ws.recv())
+                assert event["type"] != "error", event
+                if event["type"] == f"{TRANSCRIPTION}.completed":
+                    completed.append(event["transcript"])
+                elif event["type"] == f"{TRANSCRIPTION}.delta":
+                    deltas.append(event["delta"])
+
+        receiver = asyncio.ensure_future(receive())
+        step = 24000 * 20 // 1000 * 2
+        for i in range(0, len(data), step):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(data[i:i + step])}))
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(receiver, 60)
+    return completed, deltas
+
+
+async def test_completed_is_the_final_whatever_the_partials_committed(serve_test_server, test_model_dir):
+    """Two recordings in brown noise (bench frameworks' own) through openai-agents' defaults: with partials on,
+    each turn's `.completed` has the words the same session gets without partials. A partial hears only the
+    start of a turn; the words it committed ("next next" for "next", "off" for "delete") were the turn's
+    transcript, and openai-agents, pipecat and LiveKit all keep `.completed` as the turn's text (issue 36)."""
+    audio, _ = soundfile.read(DEMO / "brown_turns.wav", dtype="float32")
+    data = pcm16(soxr.resample(audio, SAMPLE_RATE, 24000))
+    turns = {}
+    for interval in (0.5, 0.0):
+        async with serve_test_server(token=TOKEN, partial_interval=interval) as url:
+            turns[interval] = await semantic_vad_turns(url.port, data)
+    (with_partials, deltas), (without, _) = turns[0.5], turns[0.0]
+    assert with_partials == without
+    if knows_words(test_model_dir):
+        assert len(deltas) > 2  # partials sent words before the finals
+        spoken = json.loads((DEMO / "brown_turns.json").read_text())["texts"]
+        assert words(without[1]) == words(spoken[1])
+
+
 async def test_realtime_handshake_needs_the_token(serve_test_server):
     """The token in Authorization, ?token= or the browser SDK's subprotocol; without it, HTTP 401. A browser
     origin outside --allowed-origins is refused (403) here and on uploads, as on the other endpoints."""
