@@ -44,6 +44,13 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
     long_silence_note = (f"\n  {long_silence:.0%} of the training speech gets a long lead, trail or both "
                          f"({recipe.long_silence[0]:g}-{recipe.long_silence[1]:g} s of silence), so that "
                          "silence around a word decodes to nothing." if long_silence else "")
+    room_noise = source.get("recipe", {}).get("room_noise_probability", 0.0)
+    round_trip = source.get("recipe", {}).get("round_trip_probability", 0.0)
+    long_silence_note += (f"\n  {room_noise:.0%} of the training speech lies under quiet room noise "
+                          f"({', '.join(synth.ROOM_NOISE_KINDS)}; {recipe.room_noise_dbfs[0]:g} to "
+                          f"{recipe.room_noise_dbfs[1]:g} dBFS, lead and trail included)." if room_noise else "")
+    long_silence_note += (f"\n  {round_trip:.0%} of the training utterances went through {synth.CLIENT_RATE // 1000} kHz "
+                          "and back, as a Realtime client's audio does." if round_trip else "")
     text = f"""# Unipad demo model: English digits and commands (synthetic speech)
 
 **A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng
