@@ -23,31 +23,23 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_SEED = 20261126
-# models/qwen3_asr.py's released text geometry splits its rotary halves as the released config.json does
-RELEASED_MROPE_SECTION = [24, 20, 20]
+from .reference_checkpoint import DEFAULT_SEED, FIXTURES, write_made_by
+
+SIZES = ("tiny", "0.6b", "1.7b")  # models/qwen3_asr.py's presets
 
 
 def reference_model(size: str, seed: int):
     """The package's Qwen3ASRForConditionalGeneration at `size`, with its own seeded initialisation."""
     import torch
-
-    sys.path.insert(0, str(HERE.parent / "tests" / "fixtures"))
-    from make_qwen3_fixture import reference_config
-
-    from export.qwen3_asr import synthetic_languages
-    from models.qwen3_asr import Qwen3ASRDimensions
-
     from qwen_asr.core.transformers_backend import Qwen3ASRForConditionalGeneration
 
-    import dataclasses
+    from export.qwen3_asr import synthetic_dimensions
 
-    dims = Qwen3ASRDimensions.preset(size)
-    dims = dataclasses.replace(dims, prompt=dataclasses.replace(dims.prompt, languages=synthetic_languages()))
+    sys.path.insert(0, str(FIXTURES))
+    from make_qwen3_fixture import reference_config
+
+    dims = synthetic_dimensions(size)
     config = reference_config(dims)
-    if size != "tiny":
-        config.thinker_config.text_config.rope_scaling["mrope_section"] = RELEASED_MROPE_SECTION
     torch.manual_seed(seed)
     return Qwen3ASRForConditionalGeneration(config).eval(), dims, config
 
@@ -64,8 +56,9 @@ def write_checkpoint(out: Path, size: str, seed: int) -> dict:
     for ids, texts in ((dims.prompt.prefix, PROMPT_PREFIX), (dims.prompt.suffix, PROMPT_SUFFIX)):
         for i, text in zip(ids, texts):
             tokens[i] = text
-    added = {i: text for i, text in enumerate(tokens) if text.startswith("<|") and not text.startswith("<|tok")}
-    added.update({i: text for i, text in enumerate(tokens) if text == "<asr_text>"})
+    # the added tokens: the template's <|...|> ones and <asr_text> (synthetic ids <|tok{i}|> are vocabulary)
+    added = {i: text for i, text in enumerate(tokens)
+             if text == "<asr_text>" or (text.startswith("<|") and not text.startswith("<|tok"))}
     vocab = {text: i for i, text in enumerate(tokens) if i not in added}
 
     out.mkdir(parents=True, exist_ok=True)
@@ -76,26 +69,30 @@ def write_checkpoint(out: Path, size: str, seed: int) -> dict:
                                    "audio_token_id": dims.prompt.audio_token_id}}
     (out / "config.json").write_text(json.dumps(released, indent=1), encoding="utf-8")
     state = {name: tensor.to(torch.bfloat16).contiguous() for name, tensor in model.state_dict().items()}
-    if config.thinker_config.text_config.tie_word_embeddings:  # safetensors refuses shared storage
+    if thinker.text_config.tie_word_embeddings:  # safetensors refuses shared storage
         state.pop("thinker.lm_head.weight", None)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     decoder = {str(i): {"content": text, "special": text != "<asr_text>"} for i, text in sorted(added.items())}
     (out / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}), encoding="utf-8")
-    source = {"kind": "reference-init", "package": "qwen-asr", "class": "Qwen3ASRForConditionalGeneration",
-              "size": size, "seed": seed, "parameters": sum(t.numel() for t in model.parameters())}
-    (out / "source.json").write_text(json.dumps(source, indent=1), encoding="utf-8")
-    return source
+    return write_made_by(out, "bench/make_qwen3_checkpoint.py", model, {"size": size, "seed": seed})
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--size", default="0.6b", choices=("tiny", "0.6b", "1.7b"))
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.make_qwen3_checkpoint", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="the checkpoint directory to write")
+    parser.add_argument("--size", default="0.6b", choices=SIZES)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     args = parser.parse_args(argv)
+    try:
+        import qwen_asr  # noqa: F401
+    except ModuleNotFoundError:
+        print("error: qwen-asr is not installed in this Python (use /opt/qwen-venv/bin/python)", file=sys.stderr)
+        return 2
     print(json.dumps(write_checkpoint(args.out, args.size, args.seed)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

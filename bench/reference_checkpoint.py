@@ -1,5 +1,5 @@
 """What every released-layout random checkpoint script shares (bench/make_paraformer_checkpoint.py,
-bench/make_sensevoice_checkpoint.py): FunASR's own seeded initialisation, optionally LayerNorms drawn away
+bench/make_sensevoice_checkpoint.py; bench/make_qwen3_checkpoint.py takes the seed and made_by.json): FunASR's own seeded initialisation, optionally LayerNorms drawn away
 from 1 and 0, the CMVN from the frontend's statistics on real speech, made_by.json, and the command line.
 
 The CMVN comes from the LFR statistics of the frontend (models/frontend.py, which matches FunASR's

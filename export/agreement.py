@@ -128,12 +128,12 @@ def clip_agreement(ref: ClipOutput, out: ClipOutput, tie_margin: float | None = 
     if a.ndim == 2:  # [rows, vocab]: each row's choice
         picked, theirs = a.argmax(-1), b.argmax(-1)
         chosen_diff = np.take_along_axis(diff, picked[:, None], axis=-1)
-        tied = np.array([picked[r] != theirs[r] and is_tie(a, r, picked[r], theirs[r], tie_margin) for r in range(rows)],
-                        bool)
-        ties = int(tied.sum())
-        turned = np.flatnonzero(picked != theirs)
-        max_turned_lead = float(max((a[r, picked[r]] - a[r, theirs[r]] for r in turned), default=0.0))
-        argmax_agreement = float(np.mean((picked == theirs) | tied)) if rows else 1.0
+        turned = picked != theirs
+        # the reference's lead of its own choice over the precision's, in its own row (0 where they agree)
+        leads = np.take_along_axis(a, picked[:, None], -1)[:, 0] - np.take_along_axis(a, theirs[:, None], -1)[:, 0]
+        tied = turned & (leads <= tie_margin) if tie_margin is not None else np.zeros(rows, bool)
+        ties, max_turned_lead = int(tied.sum()), float(leads[turned].max(initial=0.0))
+        argmax_agreement = float(np.mean(~turned | tied)) if rows else 1.0
         if ref.collapse is not None and rows == len(out.scores):  # CTC: the answer with its ties broken fp32's way
             tokens = ref.collapse(np.where(tied, picked, theirs))
     else:  # one score per row (the token's own)

@@ -41,16 +41,16 @@ def write_model_card(path: Path, manifest, tokens: list[str], results, history: 
     by_voice = format_groups(results[0].groups) or "not measured"
     recipe = synth.Recipe()
     long_silence = source.get("recipe", {}).get("long_silence_probability", 0.0)
-    long_silence_note = (f"\n  {long_silence:.0%} of the training speech gets a long lead, trail or both "
-                         f"({recipe.long_silence[0]:g}-{recipe.long_silence[1]:g} s of silence), so that "
-                         "silence around a word decodes to nothing." if long_silence else "")
+    recipe_notes = (f"\n  {long_silence:.0%} of the training speech gets a long lead, trail or both "
+                    f"({recipe.long_silence[0]:g}-{recipe.long_silence[1]:g} s of silence), so that "
+                    "silence around a word decodes to nothing." if long_silence else "")
     room_noise = source.get("recipe", {}).get("room_noise_probability", 0.0)
     round_trip = source.get("recipe", {}).get("round_trip_probability", 0.0)
-    long_silence_note += (f"\n  {room_noise:.0%} of the training speech lies under quiet room noise "
-                          f"({', '.join(synth.ROOM_NOISE_KINDS)}; {recipe.room_noise_dbfs[0]:g} to "
-                          f"{recipe.room_noise_dbfs[1]:g} dBFS, lead and trail included)." if room_noise else "")
-    long_silence_note += (f"\n  {round_trip:.0%} of the training utterances went through {synth.CLIENT_RATE // 1000} kHz "
-                          "and back, as a Realtime client's audio does." if round_trip else "")
+    recipe_notes += (f"\n  {room_noise:.0%} of the training speech lies under quiet room noise "
+                     f"({', '.join(synth.ROOM_NOISE_KINDS)}; {recipe.room_noise_dbfs[0]:g} to "
+                     f"{recipe.room_noise_dbfs[1]:g} dBFS, lead and trail included)." if room_noise else "")
+    recipe_notes += (f"\n  {round_trip:.0%} of the training utterances went through {synth.CLIENT_RATE // 1000} kHz "
+                     "and back, as a Realtime client's audio does." if round_trip else "")
     text = f"""# Unipad demo model: English digits and commands (synthetic speech)
 
 **A demonstration model for synthetic speech, not for human voices.** It was trained only on espeak-ng
@@ -108,7 +108,7 @@ training {training.get("train_seconds", "?")} s, {training.get("steps", "?")} st
   (-60 to -5 dBFS, empty transcript) so that noisy segments decode to no words; rooms: a feedback echo
   ({recipe.echo_delay[0] * 1000:g}-{recipe.echo_delay[1] * 1000:g} ms, on {recipe.echo_probability:.0%} of the speech) or a
   synthetic reverberation tail (RT60 {recipe.rt60[0]:g}-{recipe.rt60[1]:g} s, on {recipe.reverb_probability:.0%}); mel-axis warping and
-  small frequency/time masks while training.{long_silence_note}
+  small frequency/time masks while training.{recipe_notes}
   The full recipe is in `manifest.json` (`source`).
 - Model: the project's SenseVoice definition (SAN-M encoder, in-graph fbank + LFR + CMVN),
   d={dims.get("output_size")}, {dims.get("attention_heads")} heads, FFN {dims.get("linear_units")},

@@ -174,13 +174,20 @@ def synthetic_tokens(dims) -> list[str]:
     return tokens
 
 
+def synthetic_dimensions(size: str):
+    """The `size` preset's dimensions with synthetic_languages as its forced languages (random weights carry
+    no tokenizer)."""
+    from models.qwen3_asr import Qwen3ASRDimensions
+
+    dims = Qwen3ASRDimensions.preset(size)
+    return dataclasses.replace(dims, prompt=dataclasses.replace(dims.prompt, languages=synthetic_languages()))
+
+
 def random_model(size: str, seed: int):
-    from models.qwen3_asr import Qwen3ASR, Qwen3ASRDimensions
+    from models.qwen3_asr import Qwen3ASR
 
     torch.manual_seed(seed)
-    dims = Qwen3ASRDimensions.preset(size)
-    dims = dataclasses.replace(dims, prompt=dataclasses.replace(dims.prompt, languages=synthetic_languages()))
-    model = Qwen3ASR(dims).eval()
+    model = Qwen3ASR(synthetic_dimensions(size)).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

@@ -48,14 +48,11 @@ class Qwen3Int8Recipe:
     encoder_head: str
     decoder: str
     decoder_head: str
-    block: int = WEIGHT_ONLY_BLOCK  # inputs per weight scale (and activation range) of the MatMulNBits forms
 
     def __post_init__(self) -> None:
         unknown = [f for f in (self.encoder, self.encoder_head, self.decoder, self.decoder_head) if f not in FORMS]
         if unknown:
             raise ValueError(f"unknown int8 form {unknown[0]!r} (choose from {', '.join(FORMS)})")
-        if self.block < 16 or self.block & (self.block - 1):
-            raise ValueError(f"block {self.block}: MatMulNBits takes a power of two, at least 16")
 
     def forms(self, graph: str) -> tuple[str, str]:
         """(body, head) of `graph`."""
@@ -68,8 +65,6 @@ RECIPES = {
     "per-channel-float-head": Qwen3Int8Recipe("per-channel", "float", "per-channel", "float"),
     "weight-only": Qwen3Int8Recipe("weight-only", "weight-only", "weight-only", "weight-only"),
     "blockwise": Qwen3Int8Recipe("blockwise", "blockwise", "blockwise", "blockwise"),
-    # llama.cpp's Q8_0 layout: a scale per 32 weights, activations quantised per 32 inputs too
-    "blockwise-32": Qwen3Int8Recipe("blockwise", "blockwise", "blockwise", "blockwise", block=32),
     "float-encoder": Qwen3Int8Recipe("float", "float", "blockwise", "blockwise"),
 }
 DEFAULT_RECIPE = "per-channel"
@@ -95,14 +90,14 @@ def quantize_graph(src: Path, dst: Path, graph: str, recipe: Qwen3Int8Recipe) ->
     for form in dict.fromkeys((body, head)):  # each form once, over the nodes that take it
         chosen = [last] if form == head and form != body else None
         excluded = [last] if form == body and form != head else []
-        model = _apply(model, form, chosen, excluded, everything, recipe.block)
+        model = _apply(model, form, chosen, excluded, everything)
     del model.graph.value_info[:]  # shapes of tensors a form replaced; ONNX Runtime infers them again
     if external_data_file(src).exists():  # save_graph keeps a graph's layout: past 2 GB, its weights apart
         external_data_file(dst).touch()
     save_graph(model, dst)
 
 
-def _apply(model, form: str, chosen: list[str] | None, excluded: list[str], everything: list[str], block: int):
+def _apply(model, form: str, chosen: list[str] | None, excluded: list[str], everything: list[str]):
     if form == "float":
         return model
     if form in ("weight-only", "blockwise"):
@@ -111,7 +106,7 @@ def _apply(model, form: str, chosen: list[str] | None, excluded: list[str], ever
         _gemm_as_matmul(model, set(chosen or everything) - set(excluded))
         # nodes_to_include adds to the op types rather than narrowing them: the others are excluded instead
         skipped = set(excluded) | (set(everything) - set(chosen) if chosen else set())
-        quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=block, is_symmetric=True,
+        quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=WEIGHT_ONLY_BLOCK, is_symmetric=True,
                                          accuracy_level=4 if form == "blockwise" else 0, nodes_to_exclude=sorted(skipped),
                                          op_types_to_quantize=("MatMul",))
         quantizer.process()
