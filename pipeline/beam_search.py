@@ -8,6 +8,12 @@ end in a blank (pb) and in its last token (pnb), plus its hotword state; it rank
 plus the context bonus the graph gave its prefix. Alongside the sums each prefix keeps its best single
 alignment (Viterbi: vb, vnb), whose frames give the token times, exactly as greedy decoding gives them.
 
+A token that completes a hotword earns its boost on every frame its run holds, not once (the graph's
+run_bonus, folded into the run's alignments). Once only, a word the model spreads over two frames, each
+leaning another way ("send" then "save" for a blend of the two), came out as both: the hotword took one
+frame and its competitor kept the other, since taking both frames earned no more. Per frame, the hotword
+replaces the competitor instead of joining it, whose frames then decide.
+
 Speed (pure Python on the worker thread): frames where the blank's probability is at least BLANK_SKIP
 are not searched; all hypotheses just take the blank there, a run of such frames in one step (sherpa-onnx
 skips blank frames the same way); a CTC model's frames are mostly such. Elsewhere only tokens within
@@ -79,10 +85,11 @@ class _Hyp:
     its best alignment ending in a blank and in `last`, as linked lists of (previous, token, start frame,
     end frame) cells, so extending a prefix or a token's run costs one tuple."""
 
-    __slots__ = ("prefix", "last", "pb", "pnb", "vb", "vnb", "tb", "tnb", "state", "bonus")
+    __slots__ = ("prefix", "last", "pb", "pnb", "vb", "vnb", "tb", "tnb", "state", "bonus", "run")
 
-    def __init__(self, prefix: int, last: int, state: ContextState | None, bonus: float) -> None:
+    def __init__(self, prefix: int, last: int, state: ContextState | None, bonus: float, run: float = 0.0) -> None:
         self.prefix, self.last, self.state, self.bonus = prefix, last, state, bonus
+        self.run = run  # the bonus each further frame of `last`'s run earns (ContextGraph.run_bonus)
         self.pb = self.pnb = self.vb = self.vnb = _NEG
         self.tb: tuple | None = None
         self.tnb: tuple | None = None
@@ -156,22 +163,25 @@ def beam_search(
             same = None
             for lp, c in candidates:
                 if lp < reach:
-                    break
+                    if lp + h.run < reach:
+                        break
+                    if c != h.last:  # only the run's own frames earn more than their log-prob
+                        continue
                 if c == blank_id or c == h.last:
                     if same is None:
                         same = following.get(h.prefix)
                         if same is None:
-                            same = following[h.prefix] = _Hyp(h.prefix, h.last, h.state, h.bonus)
+                            same = following[h.prefix] = _Hyp(h.prefix, h.last, h.state, h.bonus, h.run)
                     if c == blank_id:
                         same.pb = _logaddexp(same.pb, p_any + lp)
                         if v_any + lp > same.vb:
                             same.vb, same.tb = v_any + lp, t_any
                         continue
                     # the token's run goes on (same prefix) ...
-                    same.pnb = _logaddexp(same.pnb, h.pnb + lp)
-                    if h.vnb + lp > same.vnb:
+                    same.pnb = _logaddexp(same.pnb, h.pnb + lp + h.run)
+                    if h.vnb + lp + h.run > same.vnb:
                         cell = h.tnb
-                        same.vnb, same.tnb = h.vnb + lp, (cell[0], c, cell[2], t + 1)
+                        same.vnb, same.tnb = h.vnb + lp + h.run, (cell[0], c, cell[2], t + 1)
                     if h.pb == _NEG:
                         continue
                     p_from, v_from, t_from = h.pb, h.vb, h.tb  # ... or, after a blank, it is emitted again
@@ -187,7 +197,7 @@ def beam_search(
                         n = following[prefix] = _Hyp(prefix, c, None, 0.0)
                     else:
                         gain, state = graph.step(h.state, c)
-                        n = following[prefix] = _Hyp(prefix, c, state, h.bonus + gain)
+                        n = following[prefix] = _Hyp(prefix, c, state, h.bonus + gain, graph.run_bonus(state))
                 n.pnb = _logaddexp(n.pnb, p_from + lp)
                 if v_from + lp > n.vnb:
                     n.vnb, n.tnb = v_from + lp, (t_from, c, t, t + 1)

@@ -340,6 +340,12 @@ class ContextGraph:
             score = node.node_score - state.node_score  # give back the bonus of the broken match
         return score + node.output_score, node
 
+    def run_bonus(self, state: ContextState) -> float:
+        """The bonus each further frame earns while the token that led to `state` goes on: its boost when it
+        completed a hotword (kept for good, so never given back), else nothing (a partial match's bonus may
+        be given back, a frame's could not)."""
+        return state.token_score if state.is_end else 0.0
+
     def finish(self, state: ContextState) -> float:
         """Score change at the end of the utterance: an unfinished match gives its bonus back."""
         return -state.node_score

@@ -40,7 +40,7 @@ async def first_final(page, hotwords: str) -> str:
 
 async def test_page_sends_hotwords(serve_test_server, blend_browser):
     async with serve_test_server(DEMO_MODEL, partial_interval=0.0) as url:
-        for hotwords, expected in (("save", "save message"), ("send:2.5, turn on", "send message")):
+        for hotwords, expected in (("save:4", "save message"), ("send:4, turn on", "send message")):
             page = await blend_browser.new_page()
             await page.goto(url.http + "/")
             assert await first_final(page, hotwords) == expected

@@ -9,6 +9,7 @@ from client_testkit import ROOT, assert_one_line_error, run_script
 from clients.client import connect
 from pipeline.audio import SAMPLE_RATE, load_audio
 from pipeline.errors import ProtocolError
+from fixtures.make_hotword_fixture import BLEND_BOOST
 
 DEMO_MODEL = ROOT / "models" / "demo"
 BLEND = ROOT / "tests" / "fixtures" / "demo" / "save_send_blend.wav"
@@ -19,12 +20,12 @@ async def test_library_and_file_client_send_hotwords(serve_test_server):
     silence = np.zeros(SAMPLE_RATE // 2, np.float32)
     audio = np.concatenate([silence, load_audio(BLEND), silence])
     async with serve_test_server(DEMO_MODEL, partial_interval=0.0) as url:
-        for hotwords, expected in ((["save"], "save message"), ([{"text": "send", "boost": 2.5}], "send message")):
+        for hotwords, expected in (([{"text": "save", "boost": BLEND_BOOST}], "save message"), ([{"text": "send", "boost": BLEND_BOOST}], "send message")):
             async with connect(url, hotwords=hotwords) as stream:
                 await stream.send(audio)
                 await stream.stop()
             assert [f.text for f in stream.finals] == [expected]
-        run = await run_script("clients/file.py", str(BLEND), "--url", url, "--fast", "--hotword", "save:2")
+        run = await run_script("clients/file.py", str(BLEND), "--url", url, "--fast", "--hotword", f"save:{BLEND_BOOST:g}")
         assert run.returncode == 0 and run.stdout.strip().endswith("save message"), run
         run = await run_script("clients/file.py", str(BLEND), "--url", url, "--fast", "--hotword", "zebra")
         assert_one_line_error(run, "bad_start", "zebra")  # the server spells hotwords with its model

@@ -11,6 +11,7 @@ from export.evaluate import EvalItem
 from export.hotword_eval import make_texts, score, time_segment
 from pipeline.audio import load_audio
 from pipeline.hotwords import parse_hotwords
+from fixtures.make_hotword_fixture import BLEND_BOOST
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "demo"
@@ -30,7 +31,7 @@ def test_scores_and_timing_on_the_blend():
 
     engine = Engine(DEMO, EngineOptions(device="cpu", containers=(4, 30))).load()
     blend = EvalItem("blend", load_audio(FIXTURES / "save_send_blend.wav"), "save message")
-    graph = engine.hotword_graph(parse_hotwords(["save"]))
+    graph = engine.hotword_graph(parse_hotwords([{"text": "save", "boost": BLEND_BOOST}]))
     biased = score(engine, [blend], graph, ("save",))
     assert biased == {"wer": 0.0, "word_errors": 0, "words": 2, "recall": 1.0, "hotword_occurrences": 1}
     greedy = score(engine, [blend], None, ("save",))

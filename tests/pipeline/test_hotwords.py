@@ -13,6 +13,7 @@ from pipeline.decoding import decode_ctc
 from pipeline.errors import ProtocolError
 from pipeline.hotwords import (DEFAULT_BOOST, MAX_HOTWORDS, ContextGraph, Hotword, Speller, parse_hotwords,
                                parse_word_weights, read_hotwords_file)
+from fixtures.make_hotword_fixture import BLEND_BOOST
 
 TOKENS = ["<blank>", "<unk>", "<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|woitn|>",
           "\u2581four", "\u2581oh", "\u2581save", "\u2581send", "\u2581turn", "\u2581on", "\u2581the", "\u2581music",
@@ -156,6 +157,20 @@ def test_hotwords_do_not_override_clear_evidence():
     assert decode(lp, ["oh", "send", "turn on the music"]) == decode_ctc(lp, len(lp), TOKENS)
 
 
+def test_a_hotword_replaces_the_word_it_competes_with_instead_of_joining_it():
+    # one word over two frames, the first a tie of "save" and "send", the second leaning to "send" (the
+    # demo model's reading of a blend of the two): a boosted "save" takes both frames, not the first alone
+    path = PROMPT + ["", {"\u2581save": 0.48, "\u2581send": 0.48}, {"\u2581send": 0.6, "\u2581save": 0.3}, "", "",
+                     "\u2581music", "", ""]
+    lp = frames(path)
+    assert decode(lp).text == "send music"
+    for words, expected in ((["save"], "save music"), ([{"text": "save", "boost": 4}], "save music"),
+                            (["save", "send"], "send music"), ([{"text": "send", "boost": 4}], "send music")):
+        result = decode(lp, words)
+        assert result.text == expected, words
+        assert result.tokens[-1] == decode(lp).tokens[-1]  # "music" where it was
+
+
 def test_a_partial_match_earns_nothing():
     # "turn on" is clearly said; the hotword "turn on the music" must not pull "the" out of noise
     path = PROMPT + ["\u2581turn", "", "\u2581on", "", {"\u2581the": 0.05}, "", ""]
@@ -211,7 +226,8 @@ def test_hotwords_decide_acoustically_ambiguous_speech(demo_engine):
     greedy = demo_engine.transcribe(audio, offset=2.0)
     assert greedy.text in ("save message", "send message")
     for word in ("save", "send"):
-        biased = demo_engine.transcribe(audio, offset=2.0, hotwords=hot(demo_engine, word, "four"))
+        graph = demo_engine.hotword_graph(parse_hotwords([{"text": word, "boost": BLEND_BOOST}, "four"]))
+        biased = demo_engine.transcribe(audio, offset=2.0, hotwords=graph)
         assert biased.text == f"{word} message"
         assert [(t.start, t.end) for t in biased.tokens] == [(t.start, t.end) for t in greedy.tokens]
         assert (biased.language, biased.emotion, biased.event) == (greedy.language, greedy.emotion, greedy.event)

@@ -19,6 +19,7 @@ from pipeline.audio import SAMPLE_RATE, load_audio
 from server.cli import main as cli_main
 from server.protocol import CLOSE_POLICY
 from server_testkit import pcm16, run_stream, send_and_collect
+from fixtures.make_hotword_fixture import BLEND_BOOST
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_MODEL = ROOT / "models" / "demo"
@@ -44,13 +45,13 @@ async def test_stream_and_server_hotwords(serve_test_server, blend, tmp_path):
         [greedy] = await final_texts(url, blend)
         assert greedy in ("save message", "send message")
         for word in ("save", "send"):
-            result = await run_stream(url, blend, start={"hotwords": [word]})
+            result = await run_stream(url, blend, start={"hotwords": [{"text": word, "boost": BLEND_BOOST}]})
             final = result.of("final")[0]
             assert final["text"] == f"{word} message" and final["language"] == "en"
             assert [t["text"] for t in final["tokens"]] == [f" {word}", " message"]
         other = "send" if greedy.startswith("save") else "save"
         assert await final_texts(url, blend, hotwords=[{"text": other, "boost": 0.1}]) == [greedy]  # too weak
-    hotwords.write_text(f"{other}\n", encoding="utf-8")
+    hotwords.write_text(f"{other}\t{BLEND_BOOST}\n", encoding="utf-8")
     async with serve_test_server(DEMO_MODEL, hotwords=hotwords, partial_interval=0.0) as url:
         assert await final_texts(url, blend) == [f"{other} message"]  # the server's list alone
         # a stream's own boost for a word of the server's list replaces the server's
@@ -119,8 +120,8 @@ async def test_funasr_hotwords(serve_test_server, blend):
         port = f"ws://127.0.0.1:{url.server.funasr_port}/"
         async with websockets.connect(port, subprotocols=["binary"]) as ws:
             # FunASR's format; a word the model cannot spell is skipped, as FunASR does
-            assert await transcribe(ws, json.dumps({"save": 20, "阿里巴巴": 30})) == "save message"
-            assert await transcribe(ws, json.dumps({"send": 20})) == "send message"
+            assert await transcribe(ws, json.dumps({"save": 40, "阿里巴巴": 30})) == "save message"
+            assert await transcribe(ws, json.dumps({"send": 40})) == "send message"
             # FunASR's Python client's `--hotword "w1 w2"`: the words as typed, each a hotword
             assert await transcribe(ws, "阿里巴巴 save") == "save message"
             assert await transcribe(ws, "阿里巴巴,send") == "send message"
