@@ -20,11 +20,13 @@ AGENTS_RATE = 24000  # what openai-agents' StreamedAudioInput session declares (
 
 
 async def pipecat_transcripts(service: Any, frames: list[bytes], pace: float, quiet: float,
-                              start_timeout: float = 30.0) -> list[str]:
+                              start_timeout: float = 30.0, stop_secs: float | None = None) -> list[str]:
     """`frames` through pipecat's Silero VAD (VADProcessor: it marks the turns, as a transport's VAD would)
     and `service`, with pipecat's own test harness (run_test); the TranscriptionFrames' texts. `quiet` s
-    after the last frame let the last turn's answer come back before the EndFrame."""
+    after the last frame let the last turn's answer come back before the EndFrame. `stop_secs`: the VAD's
+    (None: pipecat's default)."""
     from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.audio.vad.vad_analyzer import VADParams
     from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame
     from pipecat.pipeline.pipeline import Pipeline
     from pipecat.processors.audio.vad_processor import VADProcessor
@@ -34,7 +36,8 @@ async def pipecat_transcripts(service: Any, frames: list[bytes], pace: float, qu
     for frame in frames:
         sent += [InputAudioRawFrame(audio=frame, sample_rate=SAMPLE_RATE, num_channels=1),
                  SleepFrame(sleep=FRAME_MS / 1000 / pace)]
-    down, _ = await run_test(Pipeline([VADProcessor(vad_analyzer=SileroVADAnalyzer()), service]),
+    vad = SileroVADAnalyzer(params=None if stop_secs is None else VADParams(stop_secs=stop_secs))
+    down, _ = await run_test(Pipeline([VADProcessor(vad_analyzer=vad), service]),
                              frames_to_send=sent + [SleepFrame(sleep=quiet)], start_timeout=start_timeout)
     return [frame.text for frame in down if isinstance(frame, TranscriptionFrame)]
 

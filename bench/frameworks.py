@@ -56,7 +56,7 @@ DOORS = ("upload", "upload-24k", "realtime-null", "realtime-600", "pipecat", "li
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
 FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
 PACE = 4.0  # frames go out this many times faster than real time
-GAP = 1.0  # seconds of silence after each recording (a turn ends)
+GAP = silence.TURN_GAP  # seconds of silence after each recording (a turn ends)
 QUIET = 5.0  # seconds without a new transcript after the last frame: the session is done
 
 

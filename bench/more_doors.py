@@ -8,6 +8,9 @@
                        the clock); the "2pass-offline" results' texts joined
     pipecat-file       pipecat's OpenAISTTService (a SegmentedSTTService: each turn its Silero VAD marks is
                        uploaded to /v1/audio/transcriptions as a WAV) with its defaults
+    pipecat-file-0.8   the same with the VAD's stop_secs 0.8 (VADParams(stop_secs=0.8)), as docs/openai.md
+                       advises for this service: its default 0.2 cuts at pauses between words, and a word
+                       that begins as the cut is confirmed loses its onset to the previous upload
     livekit-recognize  livekit-plugins-openai's STT with its defaults for a non-streaming call
                        (use_realtime=False): recognize() once per recording, as an agent calls it once per
                        finished utterance
@@ -27,7 +30,8 @@ from pipeline.audio import SAMPLE_RATE
 from .framework_drivers import FRAME_MS, agents_chunks, agents_turns, pipecat_transcripts
 from .silence import TIMEOUT, pcm16
 
-DOORS = ("funasr-offline", "funasr-2pass", "pipecat-file", "livekit-recognize", "agents")
+DOORS = ("funasr-offline", "funasr-2pass", "pipecat-file", "pipecat-file-0.8", "livekit-recognize", "agents")
+ADVISED_STOP_SECS = 0.8  # pipecat's Silero VAD for a service that uploads each turn (docs/openai.md)
 FUNASR_CHUNK = {"chunk_size": [5, 10, 5], "chunk_interval": 10}  # funasr_wss_client.py's defaults: 60 ms a chunk
 FUNASR_CHUNK_BYTES = SAMPLE_RATE * 60 // 1000 * 2
 FUNASR_FINALS = {"offline": "offline", "2pass": "2pass-offline"}  # the mode asked -> its final results' mode
@@ -63,11 +67,12 @@ async def funasr_text(port: int, audio: list[np.ndarray], mode: str, pace: float
     return join_texts(texts)
 
 
-async def pipecat_file_text(port: int, frames: list[bytes], pace: float, quiet: float) -> str:
+async def pipecat_file_text(port: int, frames: list[bytes], pace: float, quiet: float,
+                            stop_secs: float | None = None) -> str:
     from pipecat.services.openai.stt import OpenAISTTService
 
     service = OpenAISTTService(api_key=KEY, base_url=f"http://127.0.0.1:{port}/v1")
-    return " ".join(await pipecat_transcripts(service, frames, pace, quiet))
+    return " ".join(await pipecat_transcripts(service, frames, pace, quiet, stop_secs=stop_secs))
 
 
 async def livekit_recognize_text(port: int, audio: list[np.ndarray]) -> str:
@@ -104,5 +109,6 @@ async def texts(port: int, funasr_port: int, audio: list[np.ndarray], frames: li
     return {"funasr-offline": await funasr_text(funasr_port, audio, "offline", pace),
             "funasr-2pass": await funasr_text(funasr_port, audio, "2pass", pace),
             "pipecat-file": await pipecat_file_text(port, frames, pace, quiet),
+            "pipecat-file-0.8": await pipecat_file_text(port, frames, pace, quiet, ADVISED_STOP_SECS),
             "livekit-recognize": await livekit_recognize_text(port, audio),
             "agents": await agents_text(port, frames, pace)}

@@ -45,6 +45,10 @@ CLIENT_RATE = 24000  # OpenAI Realtime's rate
 LIVEKIT_VAD = {"type": "server_vad", "prefix_padding_ms": 600, "silence_duration_ms": 500, "threshold": 0.5}
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 APPEND_SECONDS = 5.0  # audio per Realtime append event (160 KB of PCM16: well under the 1 MiB message cap)
+# Seconds of silence after each recording in a session: a turn ends, and no speaker begins the next one within
+# a 0.2 s pause (without it, at a 0 s lead the next recording's speech came at the commit, less than the
+# recording's own trail after the previous speech, and the server rightly heard one utterance going on).
+TURN_GAP = 1.0
 TIMEOUT = 120.0
 
 
@@ -134,8 +138,9 @@ async def stream_text(port: int, audio: np.ndarray) -> str:
 
 
 class Realtime:
-    """One Realtime session at `rate`; `text(audio)` appends a recording (at `rate`), commits it and returns
-    the transcripts of every item it made, joined. Each commit starts the server's VAD afresh."""
+    """One Realtime session at `rate`; `text(audio)` appends a recording (at `rate`) and TURN_GAP s of silence,
+    commits them and returns the transcripts of every item it made, joined. Each commit starts the server's
+    VAD afresh."""
 
     def __init__(self, port: int, turn_detection: dict | None, rate: int = SAMPLE_RATE) -> None:
         self.uri = f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription"
@@ -159,7 +164,7 @@ class Realtime:
         return json.loads(await asyncio.wait_for(self.ws.recv(), TIMEOUT))
 
     async def text(self, audio: np.ndarray) -> str:
-        data = pcm16(audio)
+        data = pcm16(np.concatenate([audio, np.zeros(int(TURN_GAP * self.rate), np.float32)]))
         step = int(APPEND_SECONDS * self.rate) * 2
         for i in range(0, len(data), step):
             await self.ws.send(json.dumps({"type": "input_audio_buffer.append",

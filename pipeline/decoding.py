@@ -155,7 +155,8 @@ def after_context(transcript: Transcript, start: float, end: float,
                   previous: Sequence[TokenTiming] | None) -> Transcript:
     """The transcript of audio whose seconds [start, end) were heard only as context (the end of the
     previous segment, pipeline/trim.py), without the words of that context: the leading words that align
-    with `previous`' (that segment's own words) centred from `start` on, by word edit distance, so a word
+    with `previous`' (the words the segments before said, Said.since) centred from CONTEXT_SLACK before
+    `start` on (a word the context's first sample cuts may be heard again), by word edit distance, so a word
     one decoding has and the other lacks ("next next" heard once, "off delete" against "delete") neither
     repeats nor loses a word; but never a word centred more than CONTEXT_SLACK after `end` (heard again,
     the context may lose a word it said); without `previous` (it failed), the words centred before `end`.
@@ -163,7 +164,7 @@ def after_context(transcript: Transcript, start: float, end: float,
     limit = end if previous is None else end + CONTEXT_SLACK
     drop = sum(1 for w in transcript.words if (w.start + w.end) / 2 < limit)
     if previous is not None:
-        said = [w.text.lower() for w in previous if (w.start + w.end) / 2 >= start]
+        said = [w.text.lower() for w in previous if (w.start + w.end) / 2 >= start - CONTEXT_SLACK]
         drop = min(drop, aligned_length(said, [w.text.lower() for w in transcript.words]))
     if not drop:
         return transcript
@@ -172,6 +173,19 @@ def after_context(transcript: Transcript, start: float, end: float,
     tokens = tuple(t for t in transcript.tokens if t.start >= first)
     text = " ".join("".join(t.text for t in tokens).split())
     return dataclasses.replace(transcript, text=text, tokens=tokens, words=tuple(kept))
+
+
+def before_cut(transcript: Transcript, cut: float) -> Transcript:
+    """The transcript of audio heard past `cut` (a client's commit inside speech, pipeline/segmenter.py
+    SegmentFinished.cut) without the words that start after it: those are the next segment's, which hears
+    this end again as its context and keeps whatever this one did not say. Tags stay."""
+    keep = sum(1 for w in transcript.words if w.start < cut)
+    if keep == len(transcript.words):
+        return transcript
+    first_dropped = transcript.words[keep].start
+    tokens = tuple(t for t in transcript.tokens if t.start < first_dropped)
+    text = " ".join("".join(t.text for t in tokens).split())
+    return dataclasses.replace(transcript, text=text, tokens=tokens, words=transcript.words[:keep])
 
 
 def aligned_length(mine: Sequence[str], words: Sequence[str]) -> int:

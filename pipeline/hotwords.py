@@ -11,7 +11,9 @@
 The graph is a trie of the hotwords' token sequences with Aho-Corasick failure links, as in icefall's and
 sherpa-onnx's ContextGraph: each token that extends a match earns its hotword's boost, a match that breaks
 gives the bonus back (the failure link keeps only the bonus of the longest suffix still matching), and a
-completed hotword keeps its bonus for good. Scores are natural-log units added to a path's log-probability.
+completed hotword keeps its bonus for good; its last token earns its boost again on each further frame it
+holds (`run_bonus`, pipeline/beam_search.py says why). Scores are natural-log units added to a path's
+log-probability.
 
 Spelling: greedy longest match of the text on the model's pieces (tokens.txt); a word starts with "▁" as in
 sentencepiece. The text is spelled as written and in lower case (each way the model has pieces for goes

@@ -133,6 +133,9 @@ class SegmentFinished:
     end: float  # where speech ends (the audio goes on for up to post_roll)
     audio: np.ndarray = field(repr=False, compare=False)  # pre-roll + speech + post-roll
     audio_start: float | None = None  # None: same as start
+    # A client's commit ended the segment inside its speech here, and the audio goes on past it only so that
+    # the word the commit cut is heard whole: words that start after it are the next segment's (before_cut).
+    cut: float | None = None
 
     def __post_init__(self) -> None:
         if self.audio_start is None:

@@ -23,7 +23,10 @@ segmenter cuts from a live stream).
   word of the new segment); but never a word timed well past the context, for heard again the context
   may lose a short word it had.
   Where the door has the audio as it came (Realtime commits: `heard`), the context is that sound; else it
-  is the previous segment's copy, the pause neither kept filled with silence.
+  is the previous segment's copy, the pause neither kept filled with silence. The words said are those of
+  the previous segment and, until they reach back to the context's start, of the ones it continued (`Said`).
+- A Realtime commit that ends inside speech is heard with some of the audio after it (SegmentFinished.cut,
+  server/openai_realtime.py), and keeps only the words that began before it (decoding.before_cut).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ Cut = TypeVar("Cut", SegmentFinished, PartialDue)
 # were heard as one utterance, and the join cost 1.9 points of WER (docs/benchmarks.md, issue 25).
 JOIN_SILENCE = 0.3
 CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues it
+MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
 
 
 def trim_to_speech(audio: np.ndarray, audio_start: float, start: float, end: float, pre_roll: float,
@@ -78,8 +82,24 @@ def segments_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.
 
 @dataclass
 class Said:
-    """A final's words, filled in once its transcript is made (None until then, or when it failed)."""
+    """A final's words, filled in once its transcript is made (None until then, or when it failed), and
+    what the final it continued said (its context reaches back past a short final into the one before)."""
     words: tuple[TokenTiming, ...] | None = None
+    before: Said | None = None
+
+    def since(self, start: float) -> tuple[TokenTiming, ...] | None:
+        """This final's words and, until they reach back to `start`, those of the finals it continued (None:
+        this one failed). Without them, a word said two finals back and heard again in a context came back
+        ("hide" after an item that said nothing but the end of it)."""
+        if self.words is None:
+            return None
+        words, earlier = list(self.words), self.before
+        for _ in range(MAX_SAID_CHAIN):
+            if earlier is None or earlier.words is None or (words and words[0].start < start):
+                break
+            words[:0] = earlier.words
+            earlier = earlier.before
+        return tuple(words)
 
 
 @dataclass(frozen=True)
@@ -142,6 +162,12 @@ class Continuation:
             return segment, None, self.said
         audio = np.concatenate([heard, gap, segment.audio]).astype(np.float32, copy=False)
         joined = dataclasses.replace(segment, audio=audio, audio_start=round(begin, 6))
+        self.said.before = said
+        last = said
+        for _ in range(MAX_SAID_CHAIN - 1):  # the chain is no longer than since() reads
+            last = last.before if last is not None else None
+        if last is not None:
+            last.before = None
         return joined, Context(round(begin, 6), segment.start, said), self.said
 
     def _received_between(self, begin: float, end: float) -> np.ndarray | None:

@@ -105,7 +105,7 @@ def hotword_graph(app: Server, options: ListenOptions, who: str) -> Any:
 
 def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
     """"token" for a browser's Deepgram stream (its key rides in the next subprotocol); else Realtime's."""
-    from .openai_realtime import select_subprotocol as realtime
+    from .realtime_handshake import select_subprotocol as realtime
 
     request = connection.request
     if request is not None and urlsplit(request.path).path == LISTEN_PATH:

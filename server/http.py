@@ -164,13 +164,13 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
 
         return deepgram_http.get_response(app, connection, request)
     if path.startswith("/v1/"):  # OpenAI's API (docs/openai.md)
-        from . import openai_http, openai_realtime
+        from . import openai_http, realtime_handshake
 
-        if path == openai_realtime.REALTIME_PATH:
-            return openai_realtime.check_handshake(app, connection, request)
+        if path == realtime_handshake.REALTIME_PATH:
+            return realtime_handshake.check_handshake(app, connection, request)
         if request.headers.get("Upgrade", "").lower() == "websocket":  # e.g. /v1/streamx: the hint `/foo` gets
             return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH} "
-                                 f"(or {openai_realtime.REALTIME_PATH} for OpenAI Realtime)\n")
+                                 f"(or {realtime_handshake.REALTIME_PATH} for OpenAI Realtime)\n")
         return openai_http.get_response(app, connection, request, path)
     if path == "/healthz":
         return response(200, "ok\n")

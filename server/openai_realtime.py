@@ -16,18 +16,18 @@ flood, idle, size) close it as on the other endpoints.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
-from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
+from websockets.exceptions import ConnectionClosed
 
 from pipeline.audio import SAMPLE_RATE, AudioFormat, Resampler, decode_pcm
 from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
@@ -37,43 +37,27 @@ from pipeline.stream import StreamSession
 from pipeline.trim import segments_in
 
 from .funasr_protocol import join_texts
-from .http import check_handshake_token, client_address, response
 from .protocol import CLOSE_GOING_AWAY
 from .realtime_events import (BETA_UPDATE, GA_UPDATE, EventError, SessionConfig, apply_update, error_event, event,
                               new_id, parse_event, segmenter_options, session_object)
-from .streaming import Outbox, StreamConnection
+from .streaming import Outbox, StreamConnection, StreamGone
 from .worker import Job
 
 if TYPE_CHECKING:
     from .server import Server
 
-REALTIME_PATH = "/v1/realtime"
-SUBPROTOCOL = "realtime"  # what OpenAI's browser SDK offers, with its key in "openai-insecure-api-key.<key>"
-KEY_SUBPROTOCOL = "openai-insecure-api-key."
 MIN_COMMIT_SECONDS = 0.1  # OpenAI refuses to commit less than 100 ms of audio
 MAX_UNCOMMITTED_SECONDS = 300.0  # turn_detection null: audio held until a commit (~15 MB at 24 kHz, OpenAI's cap)
 OUTBOX_LIMIT = 256  # events waiting for a client: a few per item plus error answers to a burst of mistakes
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
-
-
-def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
-    return SUBPROTOCOL if SUBPROTOCOL in offered else None
-
-
-def check_handshake(app: Server, connection: ServerConnection, request: Request) -> Response | None:
-    """The stream token policy, with the key also accepted as the browser SDK sends it (a subprotocol);
-    OpenAI's clients have no first message to carry it, so a handshake without it is refused (401)."""
-    headers = Headers(request.headers.raw_items())
-    offered = [p.strip() for v in headers.get_all("Sec-WebSocket-Protocol") for p in v.split(",")]
-    key = next((p[len(KEY_SUBPROTOCOL):] for p in offered if p.startswith(KEY_SUBPROTOCOL)), None)
-    if key is not None and "Authorization" not in headers:
-        headers["Authorization"] = f"Bearer {key}"
-    refused = check_handshake_token(app, connection, Request(request.path, headers), "a realtime session")
-    if refused is None and app.config.token is not None and not getattr(connection, "authenticated", False):
-        app.auth_failures.record(client_address(connection))
-        app.metrics.sessions_refused.labels("unauthorized").inc()
-        return response(401, "unauthorized: send the token as the API key (Authorization: Bearer)\n")
-    return refused
+# A commit that ends inside speech (a client's VAD ended the turn as the next word began: pipecat's default
+# stop_secs is 0.2 s) holds the start of a word it cut off. Its last segment waits for this much of the audio
+# that follows the commit and is heard with it, so the word is heard whole; the words that start after the
+# commit are left to the next item (pipeline.decoding.before_cut). Alone, the piece was misheard ("s" of
+# "save" as "slower") and the next item, hearing the word whole as its context, dropped it as said.
+LOOKAHEAD_SECONDS = 0.5
+LOOKAHEAD_WAIT = 1.0  # seconds: a client that sends nothing after such a commit gets its item this much later
+RUN_IN_SECONDS = 0.06  # speech that ends this close to the commit's end (two VAD frames) ran into it
 
 
 class RealtimeConnection(StreamConnection):
@@ -101,6 +85,9 @@ class RealtimeConnection(StreamConnection):
         self._prefixes: dict[int, StablePrefix] = {}  # open segment -> its committed text
         self._commits: dict[int, _CommitItem] = {}  # segment of a commit awaiting its final -> the commit's item
         self._last_item: str | None = None
+        self._held: SegmentFinished | None = None  # a commit's last segment awaiting its look-ahead
+        self._held_timer: asyncio.Task | None = None
+        self._order = asyncio.Lock()  # segments reach the worker in stream order, a held one too
 
     # ---- the conversation ------------------------------------------------------------------------------
 
@@ -112,6 +99,7 @@ class RealtimeConnection(StreamConnection):
             message = await self._next_message()
             if message is None:
                 await self._flush(commit=True)
+                await self._release(np.zeros(0, np.float32))  # nothing follows
                 await self._until_closed(self._finals_sent.wait())
                 await self._close(CLOSE_GOING_AWAY, "server shutting down")
                 return
@@ -133,6 +121,7 @@ class RealtimeConnection(StreamConnection):
             elif kind == "input_audio_buffer.commit":
                 await self._commit()
             elif kind == "input_audio_buffer.clear":
+                await self._release(np.zeros(0, np.float32))  # committed: its look-ahead is what is cleared
                 self._restart()
                 if self._continuation is not None:  # the next speech no longer follows the last segment
                     self._continuation.forget()
@@ -153,6 +142,7 @@ class RealtimeConnection(StreamConnection):
                 raise EventError(str(exc), param="session.audio.input.transcription.prompt") from None
         if config.rate != self.config.rate or config.turn_detection != self.config.turn_detection:
             await self._flush(commit=True)  # what was said under the old settings becomes items now
+            await self._release(np.zeros(0, np.float32))  # what follows is at the new settings
             self.config = config
             self._restart()
         self.config = config
@@ -182,6 +172,8 @@ class RealtimeConnection(StreamConnection):
             raise EventError(f"Invalid 'audio': {exc}", param="audio", code="invalid_audio") from None
         self._received += seconds
         self._pending += seconds
+        if self._held is not None and sum(map(len, self._manual)) >= LOOKAHEAD_SECONDS * SAMPLE_RATE:
+            await self._release(np.concatenate(self._manual))
 
     async def _commit(self) -> None:
         if self._pending < MIN_COMMIT_SECONDS:
@@ -231,6 +223,7 @@ class RealtimeConnection(StreamConnection):
             return
         audio = np.concatenate(self._manual + [self._resampler.flush()])
         self._manual = [audio]  # for _restart's time accounting
+        await self._release(audio)  # the previous commit's held segment first: this audio followed it
         if self._continuation is not None:  # the next commit's context is this sound as it came
             self._continuation.heard(audio, self._time_base)
         found = segments_in(audio, self.app.segmenter_options)
@@ -241,31 +234,71 @@ class RealtimeConnection(StreamConnection):
         self._last_item = commit_item.item
         for e in found:
             self._commits[e.segment + self._segment_base] = commit_item
-        await self._handle(found)
+        if len(audio) / SAMPLE_RATE - found[-1].end > RUN_IN_SECONDS:
+            await self._handle(found)
+            return
+        await self._handle(found[:-1])
+        self._held = self._shifted(found[-1])
+        self._held_timer = asyncio.ensure_future(self._release_later())
+
+    async def _release_later(self) -> None:
+        await asyncio.sleep(LOOKAHEAD_WAIT)
+        self._held_timer = None
+        try:
+            await self._release(np.zeros(0, np.float32))
+        except (ConnectionClosed, StreamGone):
+            pass  # the session's end releases its jobs
+
+    def _release_jobs(self) -> None:
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+        self._held = None
+        super()._release_jobs()
+
+    async def _release(self, after: np.ndarray) -> None:
+        """The held segment (if any) to the worker, heard with up to LOOKAHEAD_SECONDS of `after`, the audio
+        that followed its commit (none: as it was cut)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if self._held_timer is not None:
+            self._held_timer.cancel()
+            self._held_timer = None
+        after = after[:int(LOOKAHEAD_SECONDS * SAMPLE_RATE)]
+        if len(after):
+            cut = held.audio_start + len(held.audio) / SAMPLE_RATE
+            held = dataclasses.replace(held, audio=np.concatenate([held.audio, after]).astype(np.float32, copy=False),
+                                       end=round(cut + len(after) / SAMPLE_RATE, 6), cut=round(cut, 6))
+        async with self._order:
+            await super()._handle([held])
+
     async def _handle(self, events: list[Any]) -> None:
         """The StreamSession's events, shifted into the session's numbering and time; item events first."""
-        shifted = []
-        for e in events:
-            self._segments_here = max(self._segments_here, e.segment + 1)
-            fields: dict[str, Any] = {"segment": e.segment + self._segment_base, "start": e.start + self._time_base}
-            if not isinstance(e, SpeechStarted):
-                fields |= {"end": e.end + self._time_base, "audio_start": e.audio_start + self._time_base}
-            e = dataclasses.replace(e, **fields)
-            if isinstance(e, SpeechStarted):
-                self._items[e.segment] = new_id("item")
-                # OpenAI's audio_start_ms includes the prefix padding the client asked for (the model
-                # itself hears only the server's pre-roll: pipeline/trim.py).
-                padded = max(self._time_base, e.start - self.config.turn_detection.prefix_padding_ms / 1000)
-                self._put(event("input_audio_buffer.speech_started", audio_start_ms=ms(padded),
-                                item_id=self._items[e.segment]))
-            elif isinstance(e, SegmentFinished) and self._resampler is None:  # a commit's item: _flush
-                item = self._items.setdefault(e.segment, new_id("item"))
-                self._put(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(e.end), item_id=item))
-                self._put(event("input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item))
-                self._last_item = item
-                self._pending = 0.0
-            shifted.append(e)
-        await super()._handle(shifted)
+        shifted = [self._shifted(e) for e in events]
+        async with self._order:
+            await super()._handle(shifted)
+
+    def _shifted(self, e: Any) -> Any:
+        """One StreamSession event in the session's numbering and time, its item's events sent."""
+        self._segments_here = max(self._segments_here, e.segment + 1)
+        fields: dict[str, Any] = {"segment": e.segment + self._segment_base, "start": e.start + self._time_base}
+        if not isinstance(e, SpeechStarted):
+            fields |= {"end": e.end + self._time_base, "audio_start": e.audio_start + self._time_base}
+        e = dataclasses.replace(e, **fields)
+        if isinstance(e, SpeechStarted):
+            self._items[e.segment] = new_id("item")
+            # OpenAI's audio_start_ms includes the prefix padding the client asked for (the model
+            # itself hears only the server's pre-roll: pipeline/trim.py).
+            padded = max(self._time_base, e.start - self.config.turn_detection.prefix_padding_ms / 1000)
+            self._put(event("input_audio_buffer.speech_started", audio_start_ms=ms(padded),
+                            item_id=self._items[e.segment]))
+        elif isinstance(e, SegmentFinished) and self._resampler is None:  # a commit's item: _flush
+            item = self._items.setdefault(e.segment, new_id("item"))
+            self._put(event("input_audio_buffer.speech_stopped", audio_end_ms=ms(e.end), item_id=item))
+            self._put(event("input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item))
+            self._last_item = item
+            self._pending = 0.0
+        return e
 
     def _speech_end_arrival(self, end: float) -> float:
         return super()._speech_end_arrival(end - self._time_base)  # arrivals are in the StreamSession's time

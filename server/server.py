@@ -248,7 +248,8 @@ class Server:
     async def _handle(self, ws: ServerConnection) -> None:
         from .deepgram_live import DeepgramConnection
         from .deepgram_shapes import LISTEN_PATH
-        from .openai_realtime import REALTIME_PATH, RealtimeConnection
+        from .openai_realtime import RealtimeConnection
+        from .realtime_handshake import REALTIME_PATH
 
         path = ws.request.path.split("?", 1)[0] if ws.request is not None else None
         doors = {REALTIME_PATH: RealtimeConnection, LISTEN_PATH: DeepgramConnection}

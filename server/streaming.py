@@ -79,7 +79,7 @@ def check_text_size(text: str, hint: str = "") -> None:
                             code="message_too_big")
 
 
-class _Gone(Exception):
+class StreamGone(Exception):
     """The WebSocket closed while this connection waited for something else."""
 
 
@@ -193,7 +193,7 @@ class StreamConnection:
         except UnipadError as exc:
             ending.fail(exc.code, str(exc))
             await self._close(close_code(exc), exc.code, self._error(exc.code, str(exc)))
-        except (ConnectionClosed, _Gone):
+        except (ConnectionClosed, StreamGone):
             ending.reason = self.went_away
         except Exception as exc:  # noqa: BLE001 - a bug must not take the server down
             ending.fail("internal_error", f"internal error ({type(exc).__name__})", bug=exc)
@@ -290,14 +290,14 @@ class StreamConnection:
         return self._arrivals[0][1] if self._arrivals else time.monotonic()
 
     async def _until_closed(self, awaitable: Awaitable[Any]) -> Any:
-        """Await `awaitable` unless the WebSocket closes first (then raise _Gone)."""
+        """Await `awaitable` unless the WebSocket closes first (then raise StreamGone)."""
         task = asyncio.ensure_future(awaitable)
         closed = asyncio.ensure_future(self.ws.wait_closed())
         await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
         closed.cancel()
         if not task.done():
             task.cancel()
-            raise _Gone()
+            raise StreamGone()
         return task.result()
 
     # ---- segments and jobs ---------------------------------------------------------------------------
@@ -330,6 +330,7 @@ class StreamConnection:
             event, context, said = self._continuation.next(event)
         job = Job(session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
                   audio_start=event.audio_start, audio=event.audio, arrived=arrived, context=context, said=said,
+                  cut=event.cut if isinstance(event, SegmentFinished) else None,
                   **self._job_options())
         if kind == PARTIAL:  # the worker keeps one partial per session: the ones it replaced never come back
             self._jobs = {j for j in self._jobs if j.kind != PARTIAL}

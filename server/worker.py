@@ -34,7 +34,7 @@ import numpy as np
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import CALL_OVERHEAD_ROWS, Clip
 from pipeline.planner import CostTable, MeasuredCosts, PlannerOptions, Waiting, measured_table, modelled_table, next_run
-from pipeline.decoding import after_context, starting_at
+from pipeline.decoding import after_context, before_cut, starting_at
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 from pipeline.trim import Context, Said
 
@@ -70,6 +70,7 @@ class Job:
     hotwords: Any = None  # the stream's ContextGraph (pipeline/hotwords.py); None: greedy decoding
     context: Context | None = None  # the previous segment's end, heard first (pipeline/trim.py)
     said: Said | None = None  # a final's words go here, for the final after it
+    cut: float | None = None  # a client's commit inside the speech: words that start after it are dropped
     arrived: float = 0.0
     cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
     submitted: float = field(default_factory=time.monotonic)
@@ -261,8 +262,9 @@ class Worker:
         out = []
         for t, job in zip(transcripts, jobs):  # in submission order: a final's words are kept before the next's
             if job.context is not None:
-                t = after_context(t, job.context.start, job.context.end, job.context.previous.words)
-            out.append(starting_at(t, job.start))  # words start at the speech
+                t = after_context(t, job.context.start, job.context.end, job.context.previous.since(job.context.start))
+            t = starting_at(t, job.start)  # words start at the speech
+            out.append(t if job.cut is None else before_cut(t, job.cut))
             if job.said is not None:
                 job.said.words = out[-1].words
         return out

@@ -11,9 +11,10 @@ import pytest
 import soundfile
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.decoding import TokenTiming, Transcript, after_context, starting_at
+from pipeline.decoding import TokenTiming, Transcript, after_context, before_cut, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
-from pipeline.trim import CONTEXT_SECONDS, JOIN_SILENCE, Context, Continuation, for_model, segments_in, trim_to_speech
+from pipeline.trim import (CONTEXT_SECONDS, JOIN_SILENCE, MAX_SAID_CHAIN, Context, Continuation, Said, for_model, segments_in,
+                           trim_to_speech)
 
 
 def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
@@ -176,6 +177,43 @@ def test_the_context_words_are_aligned_not_counted():
     assert after_context(heard, 21.259, 23.1, previous).text == "call delete"
     heard = joined(("no", 15.7, 15.8), ("delete", 15.85, 16.1), ("zero", 16.5, 16.8), ("four", 17.3, 17.5))
     assert after_context(heard, 15.476, 16.9, words_at(("delete", 15.85, 16.1))).text == "zero four"
+
+
+def test_a_context_reaches_back_past_a_final_that_said_nothing_of_its_own():
+    """Three commits: "previous go hid-" (the first), "-e" (all of it context, so it said nothing), "stop".
+    The third's context is the second's audio, where "hide" is heard again: the words said are looked for in
+    the finals before, until they reach the context's start, and "hide" (centred a little before it, within
+    CONTEXT_SLACK) is dropped. Before, only the second's words counted and "hide" came back."""
+    options = SegmenterOptions()
+    continuation = Continuation(options)
+    _, _, first = continuation.next(cut(0, 0.3, 0.6, 2.08))
+    _, _, second = continuation.next(cut(1, 2.08, 2.08, 2.5))
+    _, context, _ = continuation.next(cut(2, 2.72, 2.72, 3.3))
+    first.words, second.words = words_at(("previous", 0.84, 0.9), ("go", 1.62, 1.68), ("hide", 2.04, 2.1)), ()
+    assert context.previous is second and second.since(context.start) == first.words
+    heard = Transcript("hide stop", tokens=words_at((" hide", 2.14, 2.2), (" stop", 2.68, 2.74)),
+                       words=words_at(("hide", 2.14, 2.2), ("stop", 2.68, 2.74)))
+    assert after_context(heard, context.start, context.end, second.since(context.start)).text == "stop"
+    failed = Said(None, before=first)
+    assert failed.since(0.0) is None  # a failed final: after_context goes by time
+    chain = [Said(words_at(("oh", n, n + 0.1))) for n in range(MAX_SAID_CHAIN + 4)]
+    continuation = Continuation(options)
+    for n in range(MAX_SAID_CHAIN + 4):  # a long run of finals, each continuing the one before
+        _, _, said = continuation.next(cut(n, n + 0.1, n + 0.1, n + 1.0))
+        said.words = chain[n].words
+    depth, link = 0, said
+    while link is not None:
+        depth, link = depth + 1, link.before
+    assert depth <= MAX_SAID_CHAIN + 1  # what since() reads, no more kept
+
+
+def test_words_that_start_past_a_commit_are_left_to_the_next_item():
+    spoken = words_at(("enter", 1.0, 1.1), ("save", 1.94, 2.0), ("open", 2.3, 2.4))
+    heard = Transcript("enter save open", tokens=words_at((" enter", 1.0, 1.1), (" save", 1.94, 2.0), (" open", 2.3, 2.4)),
+                       words=spoken, language="en")
+    kept = before_cut(heard, 1.95)  # "save" began before the commit, heard whole with what followed it
+    assert kept.text == "enter save" and kept.words == spoken[:2] and kept.language == "en"
+    assert before_cut(heard, 1.9).text == "enter" and before_cut(heard, 3.0) is heard
 
 
 def test_the_context_is_the_sound_received_when_a_commit_cut_a_word():
