@@ -170,9 +170,7 @@ def after_context(transcript: Transcript, start: float, end: float,
         return transcript
     kept = transcript.words[drop:]
     first = kept[0].start if kept else math.inf
-    tokens = tuple(t for t in transcript.tokens if t.start >= first)
-    text = " ".join("".join(t.text for t in tokens).split())
-    return dataclasses.replace(transcript, text=text, tokens=tokens, words=tuple(kept))
+    return _keeping(transcript, tuple(kept), tuple(t for t in transcript.tokens if t.start >= first))
 
 
 def before_cut(transcript: Transcript, cut: float) -> Transcript:
@@ -183,9 +181,13 @@ def before_cut(transcript: Transcript, cut: float) -> Transcript:
     if keep == len(transcript.words):
         return transcript
     first_dropped = transcript.words[keep].start
-    tokens = tuple(t for t in transcript.tokens if t.start < first_dropped)
+    return _keeping(transcript, transcript.words[:keep], tuple(t for t in transcript.tokens if t.start < first_dropped))
+
+
+def _keeping(transcript: Transcript, words: tuple[TokenTiming, ...], tokens: tuple[TokenTiming, ...]) -> Transcript:
+    """`transcript` with only `words` and their `tokens`; its text is theirs, its tags stay."""
     text = " ".join("".join(t.text for t in tokens).split())
-    return dataclasses.replace(transcript, text=text, tokens=tokens, words=transcript.words[:keep])
+    return dataclasses.replace(transcript, text=text, tokens=tokens, words=words)
 
 
 def aligned_length(mine: Sequence[str], words: Sequence[str]) -> int:

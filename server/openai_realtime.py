@@ -99,7 +99,7 @@ class RealtimeConnection(StreamConnection):
             message = await self._next_message()
             if message is None:
                 await self._flush(commit=True)
-                await self._release(np.zeros(0, np.float32))  # nothing follows
+                await self._release()  # nothing follows
                 await self._until_closed(self._finals_sent.wait())
                 await self._close(CLOSE_GOING_AWAY, "server shutting down")
                 return
@@ -121,7 +121,7 @@ class RealtimeConnection(StreamConnection):
             elif kind == "input_audio_buffer.commit":
                 await self._commit()
             elif kind == "input_audio_buffer.clear":
-                await self._release(np.zeros(0, np.float32))  # committed: its look-ahead is what is cleared
+                await self._release()  # committed: its look-ahead is what is cleared
                 self._restart()
                 if self._continuation is not None:  # the next speech no longer follows the last segment
                     self._continuation.forget()
@@ -142,7 +142,7 @@ class RealtimeConnection(StreamConnection):
                 raise EventError(str(exc), param="session.audio.input.transcription.prompt") from None
         if config.rate != self.config.rate or config.turn_detection != self.config.turn_detection:
             await self._flush(commit=True)  # what was said under the old settings becomes items now
-            await self._release(np.zeros(0, np.float32))  # what follows is at the new settings
+            await self._release()  # what follows is at the new settings
             self.config = config
             self._restart()
         self.config = config
@@ -245,7 +245,7 @@ class RealtimeConnection(StreamConnection):
         await asyncio.sleep(LOOKAHEAD_WAIT)
         self._held_timer = None
         try:
-            await self._release(np.zeros(0, np.float32))
+            await self._release()
         except (ConnectionClosed, StreamGone):
             pass  # the session's end releases its jobs
 
@@ -255,17 +255,17 @@ class RealtimeConnection(StreamConnection):
         self._held = None
         super()._release_jobs()
 
-    async def _release(self, after: np.ndarray) -> None:
+    async def _release(self, after: np.ndarray | None = None) -> None:
         """The held segment (if any) to the worker, heard with up to LOOKAHEAD_SECONDS of `after`, the audio
-        that followed its commit (none: as it was cut)."""
+        that followed its commit (None: as it was cut)."""
         held, self._held = self._held, None
         if held is None:
             return
         if self._held_timer is not None:
             self._held_timer.cancel()
             self._held_timer = None
-        after = after[:int(LOOKAHEAD_SECONDS * SAMPLE_RATE)]
-        if len(after):
+        if after is not None and len(after):
+            after = after[:int(LOOKAHEAD_SECONDS * SAMPLE_RATE)]
             cut = held.audio_start + len(held.audio) / SAMPLE_RATE
             held = dataclasses.replace(held, audio=np.concatenate([held.audio, after]).astype(np.float32, copy=False),
                                        end=round(cut + len(after) / SAMPLE_RATE, 6), cut=round(cut, 6))

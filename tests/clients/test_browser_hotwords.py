@@ -7,6 +7,7 @@ from client_testkit import ROOT
 from test_browser_page import CHROMIUM, WAIT_MS, chromium_args, fake_microphone
 
 from pipeline.audio import load_audio
+from fixtures.make_hotword_fixture import BLEND_BOOST
 
 DEMO_MODEL = ROOT / "models" / "demo"
 pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt install chromium)"),
@@ -40,7 +41,7 @@ async def first_final(page, hotwords: str) -> str:
 
 async def test_page_sends_hotwords(serve_test_server, blend_browser):
     async with serve_test_server(DEMO_MODEL, partial_interval=0.0) as url:
-        for hotwords, expected in (("save:4", "save message"), ("send:4, turn on", "send message")):
+        for hotwords, expected in ((f"save:{BLEND_BOOST:g}", "save message"), (f"send:{BLEND_BOOST:g}, turn on", "send message")):
             page = await blend_browser.new_page()
             await page.goto(url.http + "/")
             assert await first_final(page, hotwords) == expected

@@ -20,12 +20,14 @@ async def test_library_and_file_client_send_hotwords(serve_test_server):
     silence = np.zeros(SAMPLE_RATE // 2, np.float32)
     audio = np.concatenate([silence, load_audio(BLEND), silence])
     async with serve_test_server(DEMO_MODEL, partial_interval=0.0) as url:
-        for hotwords, expected in (([{"text": "save", "boost": BLEND_BOOST}], "save message"), ([{"text": "send", "boost": BLEND_BOOST}], "send message")):
+        for word in ("save", "send"):
+            hotwords, expected = [{"text": word, "boost": BLEND_BOOST}], f"{word} message"
             async with connect(url, hotwords=hotwords) as stream:
                 await stream.send(audio)
                 await stream.stop()
             assert [f.text for f in stream.finals] == [expected]
-        run = await run_script("clients/file.py", str(BLEND), "--url", url, "--fast", "--hotword", f"save:{BLEND_BOOST:g}")
+        run = await run_script("clients/file.py", str(BLEND), "--url", url, "--fast",
+                               "--hotword", f"save:{BLEND_BOOST:g}")
         assert run.returncode == 0 and run.stdout.strip().endswith("save message"), run
         run = await run_script("clients/file.py", str(BLEND), "--url", url, "--fast", "--hotword", "zebra")
         assert_one_line_error(run, "bad_start", "zebra")  # the server spells hotwords with its model

@@ -20,9 +20,11 @@ from server.cli import main as cli_main
 from server.protocol import CLOSE_POLICY
 from server_testkit import pcm16, run_stream, send_and_collect
 from fixtures.make_hotword_fixture import BLEND_BOOST
+from pipeline.hotwords import FUNASR_WEIGHT_PER_BOOST
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_MODEL = ROOT / "models" / "demo"
+BLEND_WEIGHT = BLEND_BOOST * FUNASR_WEIGHT_PER_BOOST  # FunASR's weight for the blend's boost
 pytestmark = pytest.mark.skipif(not (DEMO_MODEL / "manifest.json").is_file(), reason="needs the demo model")
 
 
@@ -120,8 +122,8 @@ async def test_funasr_hotwords(serve_test_server, blend):
         port = f"ws://127.0.0.1:{url.server.funasr_port}/"
         async with websockets.connect(port, subprotocols=["binary"]) as ws:
             # FunASR's format; a word the model cannot spell is skipped, as FunASR does
-            assert await transcribe(ws, json.dumps({"save": 40, "阿里巴巴": 30})) == "save message"
-            assert await transcribe(ws, json.dumps({"send": 40})) == "send message"
+            assert await transcribe(ws, json.dumps({"save": BLEND_WEIGHT, "阿里巴巴": 30})) == "save message"
+            assert await transcribe(ws, json.dumps({"send": BLEND_WEIGHT})) == "send message"
             # FunASR's Python client's `--hotword "w1 w2"`: the words as typed, each a hotword
             assert await transcribe(ws, "阿里巴巴 save") == "save message"
             assert await transcribe(ws, "阿里巴巴,send") == "send message"
