@@ -40,7 +40,7 @@ SPEECH_THRESHOLD = 0.002  # of the peak: where the clean speech starts and ends
 
 def vad_options(spec: str) -> Any:
     """'webrtc:MODE' or 'silero:THRESHOLD' -> SegmenterOptions (no partials)."""
-    from pipeline.segmenter import SegmenterOptions, validate_options
+    from pipeline.segmenter_options import SegmenterOptions, validate_options
 
     kind, _, value = spec.partition(":")
     options = SegmenterOptions(partial_interval=0.0, vad=kind)

@@ -17,6 +17,8 @@ HOLD_MARGIN less (Silero's own hysteresis: speech that fades a little does not e
   the audio `pre_roll` before it. Only known once the step comes, so SpeechStarted may be earlier.
 - it ends after `end_silence` seconds without a voiced frame; `end` is where the last voiced frame ends,
   and the audio keeps `post_roll` seconds after it.
+- at `finish(cut=True)` (a client's commit, more audio may follow) speech still going on in the last frame
+  is a segment however short: the commit split a word, and dropping its start lost the word.
 - it never grows beyond `max_segment_seconds` of audio: at the limit it is cut after the quietest frame
   (lowest RMS) of its last `cut_search` seconds, and the rest carries on as the next segment.
 """
@@ -30,78 +32,8 @@ from typing import Union
 import numpy as np
 
 from .audio import VAD_FRAME, samples_to_seconds
-from .vad import VADS, frame_vad
-
-FRAME_SECONDS = samples_to_seconds(VAD_FRAME)  # 0.03 s
-HOLD_MARGIN = 0.15  # an open segment's frames are voiced down to vad_threshold less this (Silero's default) ...
-MIN_HOLD = 0.01  # ... but never at 0, where every frame would be
-
-
-@dataclass(frozen=True)
-class SegmenterOptions:
-    vad: str = "webrtc"  # the frame VAD: "webrtc" or "silero" (pipeline/vad.py)
-    vad_aggressiveness: int = 3  # webrtcvad 0-3; 3 is as sensitive to espeak speech as 2, with fewer false starts
-    vad_threshold: float = 0.5  # Silero's speech probability that makes a frame voiced (webrtc's is 0 or 1)
-    start_frames: int = 3  # voiced frames among the last `start_window` that open a segment ...
-    start_window: int = 10  # ... (300 ms): a hysteresis against single noisy frames
-    pre_roll: float = 0.3  # seconds of audio kept before the first voiced frame (soft onsets)
-    end_silence: float = 0.5  # seconds without a voiced frame that end a segment
-    post_roll: float = 0.2  # seconds of audio kept after the last voiced frame (at most end_silence)
-    min_speech: float = 0.2  # voiced seconds a segment needs before it is announced; shorter ones are dropped
-    # Silence that drops a segment not yet announced (a click, a cough, webrtcvad's first frames of a noisy
-    # stream, which it takes for speech): speech after it opens a segment of its own, so the gap never
-    # reaches the model as leading silence (issue 25).
-    false_start_silence: float = 0.3
-    # A segment that opens on a steady sound (its frames within this many dB of their median for at least
-    # `steady_lead` seconds) and then steps up by more starts at the step: webrtcvad takes steady room
-    # noise after digital silence (a muted microphone, a gap a client filled with zeros) for speech for up
-    # to a second, and that lead would reach the model (issue 25). 0 disables the rule.
-    steady_lead_db: float = 6.0
-    steady_lead: float = 0.15
-    max_segment_seconds: float = 30.0  # the largest audio a segment may hold (the engine's largest container)
-    cut_search: float = 3.0  # where to look, back from the limit, for the quietest frame to cut at
-    partial_interval: float = 0.5  # seconds of new audio between PartialDue events; 0 disables partials
-    partial_window: float = 15.0  # a partial covers at most the last this-many seconds (<= max_segment_seconds)
-
-
-def validate_options(options: SegmenterOptions) -> None:
-    """Raise ValueError naming the first option that makes no sense."""
-    o = options
-    checks = [
-        (o.vad in VADS, f"vad must be one of {', '.join(VADS)}, got {o.vad!r}"),
-        (isinstance(o.vad_threshold, (int, float)) and 0 < o.vad_threshold <= 1,
-         f"vad_threshold must be a number above 0 and at most 1, got {o.vad_threshold!r}"),
-        (o.vad_aggressiveness in (0, 1, 2, 3) and not isinstance(o.vad_aggressiveness, bool),
-         f"vad_aggressiveness must be 0, 1, 2 or 3, got {o.vad_aggressiveness!r}"),
-        (isinstance(o.start_window, int) and o.start_window >= 1, f"start_window must be an integer >= 1, got {o.start_window!r}"),
-        (isinstance(o.start_frames, int) and 1 <= o.start_frames <= o.start_window,
-         f"start_frames must be an integer from 1 to start_window ({o.start_window}), got {o.start_frames!r}"),
-    ]
-    for name in ("pre_roll", "end_silence", "post_roll", "min_speech", "false_start_silence", "steady_lead_db",
-                 "steady_lead", "max_segment_seconds",
-                 "cut_search", "partial_interval", "partial_window"):
-        value = getattr(o, name)
-        checks.append((isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
-                       f"{name} must be a finite number >= 0, got {value!r}"))
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
-    if o.end_silence < FRAME_SECONDS:
-        raise ValueError(f"end_silence must be at least one VAD frame ({FRAME_SECONDS} s), got {o.end_silence}")
-    if o.false_start_silence < FRAME_SECONDS:
-        raise ValueError(f"false_start_silence must be at least one VAD frame ({FRAME_SECONDS} s), "
-                         f"got {o.false_start_silence}")
-    if o.post_roll > o.end_silence:
-        raise ValueError(f"post_roll ({o.post_roll} s) cannot exceed end_silence ({o.end_silence} s)")
-    if o.max_segment_seconds < 1.0:
-        raise ValueError(f"max_segment_seconds must be at least 1 s, got {o.max_segment_seconds}")
-    if o.pre_roll + o.start_window * FRAME_SECONDS > o.max_segment_seconds / 2:
-        raise ValueError("pre_roll plus the start window must fit in half of max_segment_seconds")
-    if not FRAME_SECONDS <= o.cut_search <= o.max_segment_seconds / 2:
-        raise ValueError(f"cut_search must be from {FRAME_SECONDS} s to half of max_segment_seconds, got {o.cut_search}")
-    if o.partial_interval and o.partial_window < FRAME_SECONDS:  # above max_segment_seconds it is clipped
-        raise ValueError(f"partial_window must be at least {FRAME_SECONDS} s, got {o.partial_window}")
-
+from .segmenter_options import FRAME_SECONDS, HOLD_MARGIN, MIN_HOLD, SegmenterOptions, validate_options
+from .vad import frame_vad
 
 # ---- events --------------------------------------------------------------------------------------------
 # Times are seconds from the start of the stream. `audio` is float32 mono at SAMPLE_RATE, a copy the
@@ -213,12 +145,19 @@ class Segmenter:
             events.append(self._partial())
         return events
 
-    def finish(self) -> list[Event]:
-        """End of stream: close the open segment (the sub-frame remainder joins its audio)."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """End of stream: close the open segment (the sub-frame remainder joins its audio). `cut`: a client
+        cut the audio here (a Realtime commit) and more may follow, so speech still going on in the last
+        frame is a segment however short: it is a word the cut split, and the sound after the cut completes
+        it (server/openai_realtime.py). Dropped as too short, its onset was lost to both sides (issue 36)."""
         if self._finished:
             return []
         self._finished = True
         events: list[Event] = []
+        if cut and self._speaking_at_end():
+            if not self._open:
+                self._open_from_ring()
+            self._confirm(events)
         if self._open:
             tail = self._pending[: len(self._audio) - self._n * VAD_FRAME]  # never beyond the limit
             speaking = self._silence == 0
@@ -286,9 +225,19 @@ class Segmenter:
         self._n += 1
 
     def _maybe_confirm(self, events: list[Event]) -> None:
-        if not self._confirmed and int(self._voiced[: self._n].sum()) >= self._min_voiced:
+        if int(self._voiced[: self._n].sum()) >= self._min_voiced:
+            self._confirm(events)
+
+    def _confirm(self, events: list[Event]) -> None:
+        if not self._confirmed:
             self._confirmed = True
             events.append(SpeechStarted(self._segment, self._speech_start()))
+
+    def _speaking_at_end(self) -> bool:
+        """Whether the last frame fed was voiced."""
+        if self._open:
+            return self._silence == 0
+        return bool(self._ring) and self._ring[-1][2]
 
     # -- times -----------------------------------------------------------------------------------------
 

@@ -67,13 +67,15 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))
 
 
-def segments_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.0) -> list[SegmentFinished]:
+def segments_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.0,
+                cut: bool = False) -> list[SegmentFinished]:
     """A whole buffer (float32 at SAMPLE_RATE, its first sample at `offset`) cut as an upload of it is: the
     segmenter's segments, numbered from 0, times shifted by `offset`; [] when it finds no speech. A buffer
     that holds two utterances with a pause is two segments, as in the upload: decoded as one, the pause
-    heard as speech, a short word before it was lost (issue 36)."""
+    heard as speech, a short word before it was lost (issue 36). `cut`: a client's commit ended the buffer,
+    and speech going on at its end is a segment however short (Segmenter.finish)."""
     segmenter = Segmenter(dataclasses.replace(options, partial_interval=0.0))
-    found = [e for e in segmenter.feed(audio) + segmenter.finish() if isinstance(e, SegmentFinished)]
+    found = [e for e in segmenter.feed(audio) + segmenter.finish(cut) if isinstance(e, SegmentFinished)]
     if not offset:
         return found
     return [dataclasses.replace(e, start=round(e.start + offset, 6), end=round(e.end + offset, 6),

@@ -16,7 +16,7 @@ from pipeline.engine import PRECISION_CHOICES
 from pipeline.planner import MeasuredCosts, read_cost_tables
 from pipeline.providers import resolve_device
 from pipeline.shapes import ShapePolicy, format_containers
-from pipeline.segmenter import SegmenterOptions, validate_options
+from pipeline.segmenter_options import SegmenterOptions, validate_options
 
 from .access import FORWARDED_ALLOW_IPS_ENV, proxy_networks
 from .protocol import DEFAULT_PORT
@@ -26,7 +26,7 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "demo"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")  # json: one object per line, for log collectors (server/logs.py)
 TOKEN_ENV = "UNIPAD_TOKEN"
-_SEGMENTER = SegmenterOptions()  # the segmentation defaults live in pipeline/segmenter.py
+_SEGMENTER = SegmenterOptions()  # the segmentation defaults live in pipeline/segmenter_options.py
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ class RealtimeConnection(StreamConnection):
         await self._release(audio)  # the previous commit's held segment first: this audio followed it
         if self._continuation is not None:  # the next commit's context is this sound as it came
             self._continuation.heard(audio, self._time_base)
-        found = segments_in(audio, self.app.segmenter_options)
+        found = segments_in(audio, self.app.segmenter_options, cut=True)
         if not found:  # no speech at all: no segment (a commit answers with an empty transcript)
             return
         commit_item = _CommitItem(new_id("item"), len(found), found[-1].end - found[0].start)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import quoted
-from pipeline.segmenter import MIN_HOLD, SegmenterOptions
+from pipeline.segmenter_options import MIN_HOLD, SegmenterOptions
 
 from .protocol import loads_shallow
 

@@ -209,6 +209,22 @@ def test_finish_in_mid_speech_closes_the_segment(speech):
         segmenter.feed(audio)
 
 
+@pytest.mark.parametrize("into", [0.1, 0.125, 0.15])
+def test_a_cut_keeps_speech_too_short_for_a_segment_only_while_it_goes_on(speech, into):
+    """finish(cut=True), a client's commit: speech still going on in the last frame is a segment however
+    short (the audio after the cut completes it); a blip that already ended is dropped as always."""
+    onset = speech.utterances[1]["start"]
+    audio = np.concatenate([silence(1.0), speech.audio[seconds_to_samples(onset - 0.3):seconds_to_samples(onset + into)]])
+    blip = np.concatenate([audio, silence(0.5)])
+    for buffer, cut, expected in [(audio, False, 0), (audio, True, 1), (blip, True, 0)]:
+        segmenter = Segmenter()
+        found = finals(segmenter.feed(buffer) + segmenter.finish(cut=cut))
+        assert len(found) == expected, (buffer is blip, cut)
+        if found:  # up to the cut, from the pre-roll before the speech
+            assert found[0].end == pytest.approx(len(buffer) / SAMPLE_RATE, abs=1e-6)
+            assert found[0].audio_start <= found[0].start - 0.2 and 1.0 <= found[0].start <= 1.0 + 0.3 + into
+
+
 def test_memory_stays_bounded_while_silent():
     segmenter = Segmenter()
     block = silence(1.0) + np.float32(1e-4)

@@ -12,7 +12,8 @@ import pytest
 import soundfile
 
 from pipeline.audio import SAMPLE_RATE, VAD_FRAME
-from pipeline.segmenter import FRAME_SECONDS, Segmenter, SegmenterOptions, SegmentFinished, validate_options
+from pipeline.segmenter import Segmenter, SegmentFinished
+from pipeline.segmenter_options import FRAME_SECONDS, SegmenterOptions, validate_options
 from pipeline.vad import SILERO_MODEL, SILERO_SHA256, SILERO_WINDOW, WARMUP_WINDOWS, frame_vad
 
 TOLERANCE = 0.3  # seconds between a segment's times and the fixture's speech

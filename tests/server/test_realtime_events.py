@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.segmenter import SegmenterOptions, validate_options
+from pipeline.segmenter_options import SegmenterOptions, validate_options
 from server.realtime_events import (EAGERNESS_SILENCE_MS, EventError, SessionConfig, TurnDetection, apply_update,
                                     segmenter_options, session_object, vad_mode)
 

@@ -203,14 +203,23 @@ async def test_a_commit_that_cuts_a_word_hears_it_with_the_audio_after_it(serve_
         assert await commits_cut_inside_words(url, (0.06, 0.12, 0.18), wait=False) >= 18
 
 
-async def commits_cut_inside_words(url: Any, intos: tuple[float, ...], wait: bool) -> int:
+async def test_a_commit_that_cuts_the_first_word_of_an_utterance_keeps_its_onset(serve_test_server):
+    """A commit that ends less than min_speech (0.2 s) into an utterance's first word: that much speech is no
+    segment on its own, so it was dropped, and the next commit heard the word without its onset ("three"
+    lost, "call" heard as "oh"). Speech going on at a commit's end is now a segment however short, heard
+    with the audio after it."""
+    async with serve_test_server(token=TOKEN) as url:
+        assert await commits_cut_inside_words(url, (0.03, 0.06, 0.09, 0.12, 0.15), wait=False, first_word=True) >= 15
+
+
+async def commits_cut_inside_words(url: Any, intos: tuple[float, ...], wait: bool, first_word: bool = False) -> int:
     """Each of three fixtures committed in two pieces, cut `into` s past each word's CTC spike (which comes
     before its sound), for each of `intos`: the two transcripts together are the spoken words, each once.
-    How many cuts were checked. `wait`: as realtime_commits."""
+    How many cuts were checked. `wait`: as realtime_commits. `first_word`: cut the first word, else every other."""
     checked = 0
     for audio, text in padded_clips(3):
         upload = await upload_words(url, audio)
-        for word in upload[1:]:
+        for word in upload[:1] if first_word else upload[1:]:
             for into in intos:
                 at = round((word.start + into) * SAMPLE_RATE)
                 first, second = await realtime_commits(url, [audio[:at], audio[at:]], wait=wait)
