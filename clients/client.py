@@ -65,6 +65,8 @@ from server.protocol import (
     parse_server_message,
 )
 
+from .errors import ClientError, ConnectError, ServerError, StreamClosedError
+
 DEFAULT_URL = f"ws://127.0.0.1:{DEFAULT_PORT}{STREAM_PATH}"
 STOP_TIMEOUT = 60.0  # seconds to wait for the last final after `stop`: a 30 s segment on a slow CPU
 SEND_PIECE = 256 * 1024  # bytes per message: a longer send() (a whole recording) goes as several (server: 1 MiB)
@@ -72,36 +74,6 @@ _INT16_SCALE = 32768.0
 
 Result = Union[Partial, Final, Done]
 Callback = Callable[[Any], Union[None, Awaitable[None]]]
-
-
-class ClientError(Exception):
-    """Root of the client's exceptions."""
-
-
-class ConnectError(ClientError):
-    """The server could not be reached, or refused the WebSocket handshake (`status`: its HTTP status)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ServerError(ClientError):
-    """The server sent an `error` message: `code` is the stable machine-readable code."""
-
-    def __init__(self, code: str, message: str, segment: int | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.message, self.segment = code, message, segment
-
-
-class StreamClosedError(ClientError):
-    """The connection closed before `done`: `code` is the WebSocket close code (1008 policy, 1013 overloaded...)."""
-
-    def __init__(self, code: int | None, reason: str = "") -> None:
-        text = f"connection closed (code {code})" if code is not None else "connection lost without a close frame"
-        super().__init__(f"{text}: {reason}" if reason else text)
-        self.code = code
-        self.reason = reason
 
 
 def stream_url(url: str, token: str | None) -> str:

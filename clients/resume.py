@@ -26,7 +26,8 @@ from pipeline.segmenter import FRAME_SECONDS
 from server.protocol import Error, Final, Start, Stop, encode
 from server.resume import Resume
 
-from .client import SEND_PIECE, STOP_TIMEOUT, ClientError, ConnectError, ServerError, Stream, StreamClosedError, connect
+from .client import SEND_PIECE, STOP_TIMEOUT, Stream, connect
+from .errors import ClientError, ConnectError, ServerError, StreamClosedError
 
 log = logging.getLogger(__name__)
 
