@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -101,12 +102,20 @@ async def pipecat_text(port: int, frames: list[bytes], pace: float, quiet: float
     return " ".join(f.text for f in down if isinstance(f, TranscriptionFrame))
 
 
-async def texts(port: int, audio: list[np.ndarray], gap: float, pace: float, quiet: float) -> dict[str, str]:
+def drivers(port: int, audio: list[np.ndarray], gap: float, pace: float,
+            quiet: float) -> dict[str, Callable[[], Awaitable[str]]]:
+    """Per door of DOORS, what measures it: the joined text of the recordings (the live doors: them one
+    after another, each with `gap` s of silence after it)."""
     frames = chunks(audio, gap)
-    got, _ = await live(port, frames, LIVE_QUERY, pace)
-    return {"dg-post": " ".join([await post_text(port, a) for a in audio]), "dg-live": finals_text(got),
-            "dg-livekit": await livekit_text(port, frames, pace, quiet),
-            "dg-pipecat": await pipecat_text(port, frames, pace, quiet)}
+
+    async def live_text() -> str:
+        return finals_text((await live(port, frames, LIVE_QUERY, pace))[0])
+
+    async def post_texts() -> str:
+        return " ".join([await post_text(port, a) for a in audio])
+
+    return {"dg-post": post_texts, "dg-live": live_text, "dg-livekit": lambda: livekit_text(port, frames, pace, quiet),
+            "dg-pipecat": lambda: pipecat_text(port, frames, pace, quiet)}
 
 
 async def timing(port: int, audio: list[np.ndarray], gap: float) -> dict[str, Any]:

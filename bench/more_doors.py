@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -102,13 +102,13 @@ async def agents_text(port: int, frames: list[bytes], pace: float) -> str:
     return " ".join(turns)
 
 
-async def texts(port: int, funasr_port: int, audio: list[np.ndarray], frames: list[bytes], pace: float,
-                quiet: float) -> dict[str, Any]:
-    """The joined texts of the recordings at each of DOORS; `frames`: them one after another, with their gaps,
-    as 20 ms PCM16 frames (bench/frameworks.py's frames())."""
-    return {"funasr-offline": await funasr_text(funasr_port, audio, "offline", pace),
-            "funasr-2pass": await funasr_text(funasr_port, audio, "2pass", pace),
-            "pipecat-file": await pipecat_file_text(port, frames, pace, quiet),
-            "pipecat-file-0.8": await pipecat_file_text(port, frames, pace, quiet, ADVISED_STOP_SECS),
-            "livekit-recognize": await livekit_recognize_text(port, audio),
-            "agents": await agents_text(port, frames, pace)}
+def drivers(port: int, funasr_port: int, audio: list[np.ndarray], frames: list[bytes], pace: float,
+            quiet: float) -> dict[str, Callable[[], Awaitable[str]]]:
+    """Per door of DOORS, what measures it: the joined text of the recordings; `frames`: them one after
+    another, with their gaps, as 20 ms PCM16 frames (bench/frameworks.py's frames())."""
+    return {"funasr-offline": lambda: funasr_text(funasr_port, audio, "offline", pace),
+            "funasr-2pass": lambda: funasr_text(funasr_port, audio, "2pass", pace),
+            "pipecat-file": lambda: pipecat_file_text(port, frames, pace, quiet),
+            "pipecat-file-0.8": lambda: pipecat_file_text(port, frames, pace, quiet, ADVISED_STOP_SECS),
+            "livekit-recognize": lambda: livekit_recognize_text(port, audio),
+            "agents": lambda: agents_text(port, frames, pace)}

@@ -35,3 +35,12 @@ def test_frameworks_bench_refuses_an_unknown_or_second_noise() -> None:
     for noises in ("white", "pink,brown"):
         code, _, err = bench("frameworks", "--noises", noises)
         assert code == 2 and "--noises" in err and "brown" in err, err
+
+
+def test_frameworks_bench_measures_the_doors_asked_and_the_upload(test_model_dir: Path) -> None:
+    code, _, err = bench("frameworks", "--doors", "livekit,telnet")
+    assert code == 2 and "--doors: no door telnet" in err and "agents" in err, err
+    code, result, err = bench("frameworks", "--model", str(test_model_dir), "--utterances", "1", "--doors",
+                             "upload-5ms,livekit")
+    assert code == 0, err
+    assert list(result["wer"]["0.5"]) == ["upload", "upload-5ms", "livekit"] and "deepgram_timing" not in result
