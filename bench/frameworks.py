@@ -34,8 +34,8 @@ the recordings one after another in one session (20 ms frames at PACE x real tim
 after each, as docs/openai.md configures them); funasr-2pass gets 60 ms chunks at PACE x real time, one
 connection per recording. WER is counted over the joined texts, for every door alike.
 --doors picks some of them (the upload, the bar's reference, always: a larger set of recordings for a few
-doors is then affordable). The issues' bar (25, 36): each door within 1 WER point of the 16 kHz upload (the frameworks' that resample to
-24 kHz: of upload-24k too).
+doors is then affordable). The issues' bar (25, 36): each door within 1 WER point of the 16 kHz upload (the
+frameworks' that resample to 24 kHz: of upload-24k too).
 """
 from __future__ import annotations
 
