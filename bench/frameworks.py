@@ -5,10 +5,10 @@ leading silence of --silences, 0.5 s by default, under one --noises kind at --no
 through one server we start (with --vad):
 
     upload           POST /v1/audio/transcriptions, one recording at a time
-    upload-5ms       the upload of each recording with its first 5 (15) ms removed: the same sound on another
-    upload-15ms      phase of the 30 ms VAD frames, as a stream's grid falls. How far these are from upload is
-                     the model's own sensitivity to where its audio begins (a word flips on a 1 ms shift), no
-                     door's doing; at 40 recordings it is often 2-3 words, more than the 1-point bar
+    upload-5ms       the upload of each recording after 5 (15) ms of digital silence: the same sound on another
+    upload-15ms      phase of the 30 ms VAD frames, as in a stream, where it follows the gap. How far these are
+                     from upload is the model's own sensitivity to where its audio begins (a word flips on a
+                     1 ms shift), no door's doing; at 40 recordings it is often 2-3 words, over the 1-point bar
     upload-24k       the same, each recording resampled to 24 kHz first: what pipecat and LiveKit send (they
                      resample to OpenAI's 24 kHz), so their doors compare with this one; the round trip
                      through 24 kHz alone moves the demo model's WER by about a point
@@ -134,7 +134,8 @@ def drivers(port: int, audio: list[np.ndarray], wyoming_port: int,
            "wyoming": lambda: wyoming_text(wyoming_port, audio),
            "wyoming-joined": lambda: wyoming_text(wyoming_port, [np.concatenate([x for a in audio for x in (a, gap)])])}
     for ms in PHASES_MS:
-        out[f"upload-{ms}ms"] = lambda ms=ms: uploads([a[ms * SAMPLE_RATE // 1000:] for a in audio])
+        out[f"upload-{ms}ms"] = lambda ms=ms: uploads([np.concatenate([np.zeros(ms * SAMPLE_RATE // 1000, np.float32), a])
+                                                        for a in audio])
     out |= more_doors.drivers(port, funasr_port, audio, frames(audio), PACE, QUIET)
     return out | deepgram.drivers(port, audio, GAP, PACE, QUIET)
 
