@@ -134,8 +134,8 @@ def drivers(port: int, audio: list[np.ndarray], wyoming_port: int,
            "wyoming": lambda: wyoming_text(wyoming_port, audio),
            "wyoming-joined": lambda: wyoming_text(wyoming_port, [np.concatenate([x for a in audio for x in (a, gap)])])}
     for ms in PHASES_MS:
-        out[f"upload-{ms}ms"] = lambda ms=ms: uploads([np.concatenate([np.zeros(ms * SAMPLE_RATE // 1000, np.float32), a])
-                                                        for a in audio])
+        lead = np.zeros(ms * SAMPLE_RATE // 1000, np.float32)
+        out[f"upload-{ms}ms"] = lambda lead=lead: uploads([np.concatenate([lead, a]) for a in audio])
     out |= more_doors.drivers(port, funasr_port, audio, frames(audio), PACE, QUIET)
     return out | deepgram.drivers(port, audio, GAP, PACE, QUIET)
 
