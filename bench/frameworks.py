@@ -56,7 +56,8 @@ from . import deepgram, more_doors, silence
 from .framework_drivers import livekit_events, livekit_finals, pipecat_transcripts
 from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
 
-DOORS = ("upload", "upload-5ms", "upload-15ms", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit", "wyoming", "wyoming-joined",
+DOORS = ("upload", "upload-5ms", "upload-15ms", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit",
+         "wyoming", "wyoming-joined",
          *deepgram.DOORS, *more_doors.DOORS)
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
 FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
@@ -193,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
         for lead in silences:
             say(f"silence {lead:g} s: {', '.join(doors)}")
             hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port, funasr_port, doors))
-            result["wer"][silence.row_key(args.noises, lead)] = {door: wer(" ".join(texts), hypotheses[door]) for door in doors}
+            result["wer"][silence.row_key(args.noises, lead)] = {door: wer(" ".join(texts), hypotheses[door])
+                                                                 for door in doors}
         if set(doors) & set(deepgram.DOORS):
             say("deepgram timing: one live stream at real-time pace")
             result["deepgram_timing"] = asyncio.run(deepgram.timing(server.port, audio[silences[0]], GAP))

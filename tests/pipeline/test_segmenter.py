@@ -214,7 +214,8 @@ def test_a_cut_keeps_speech_too_short_for_a_segment_only_while_it_goes_on(speech
     """finish(cut=True), a client's commit: speech still going on in the last frame is a segment however
     short (the audio after the cut completes it); a blip that already ended is dropped as always."""
     onset = speech.utterances[1]["start"]
-    audio = np.concatenate([silence(1.0), speech.audio[seconds_to_samples(onset - 0.3):seconds_to_samples(onset + into)]])
+    piece = speech.audio[seconds_to_samples(onset - 0.3):seconds_to_samples(onset + into)]
+    audio = np.concatenate([silence(1.0), piece])
     blip = np.concatenate([audio, silence(0.5)])
     for buffer, cut, expected in [(audio, False, 0), (audio, True, 1), (blip, True, 0)]:
         segmenter = Segmenter()
