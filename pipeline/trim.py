@@ -5,7 +5,8 @@ but leading silence is heard, and a model that learned speech starting within th
 words to a longer one (issue 25: 0.5 s of it gave 18-22 % WER). So every door applies this one rule before
 a segment reaches the model: audio more than `pre_roll` seconds before the speech or more than `post_roll`
 seconds after it is cut (SegmenterOptions: 0.3 s and 0.2 s by default, the shape of the segments the
-segmenter cuts from a live stream).
+segmenter cuts from a live stream). Nor does it hear digital silence that ends in a sound more than
+ONSET_LAG before the speech: zeros, then the room, then the words (a muted microphone, a client's gap).
 
 - Segments the segmenter cut (live streams, uploads, FunASR, Realtime server VAD) know where their speech
   is; only a client's larger pre-roll (Realtime `prefix_padding_ms`) is cut from them (`for_model`).
@@ -46,6 +47,9 @@ Cut = TypeVar("Cut", SegmentFinished, PartialDue)
 # were heard as one utterance, and the join cost 1.9 points of WER (docs/benchmarks.md, issue 25).
 JOIN_SILENCE = 0.3
 CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues it
+# A sound that begins this long before the VAD's first voiced frame is not that speech's own onset (a
+# fricative's precedes it by less): digital silence before such a sound is cut from what the model hears.
+ONSET_LAG = 0.1
 MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
 
 
@@ -62,6 +66,11 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     """A segment (or partial window) with its audio trimmed to `options`' pre-roll and post-roll."""
     audio, audio_start = trim_to_speech(event.audio, event.audio_start, event.start, event.end, options.pre_roll,
                                         options.post_roll)
+    # Digital silence that ends in a sound before the speech (a muted microphone, a client's zeros, then the
+    # room): the model never learned zeros followed by noise, and wrote a word at the step ("oh", "back").
+    lead = audio[:max(0, int((event.start - ONSET_LAG - audio_start) * SAMPLE_RATE))]
+    if len(lead) and not lead[0] and (sound := np.flatnonzero(lead)).size:
+        audio, audio_start = audio[int(sound[0]):], audio_start + int(sound[0]) / SAMPLE_RATE
     if len(audio) == len(event.audio):
         return event
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))
