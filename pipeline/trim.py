@@ -50,6 +50,8 @@ CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues
 # A sound that begins this long before the VAD's first voiced frame is not that speech's own onset (a
 # fricative's precedes it by less): digital silence before such a sound is cut from what the model hears.
 ONSET_LAG = 0.1
+# Digital silence: zeros, or the +-1 LSB a resampler leaves of them (LiveKit's, 16 -> 24 kHz), resampled again.
+DIGITAL_SILENCE = 2 / 32768
 MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
 
 
@@ -69,7 +71,8 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     # Digital silence that ends in a sound before the speech (a muted microphone, a client's zeros, then the
     # room): the model never learned zeros followed by noise, and wrote a word at the step ("oh", "back").
     lead = audio[:max(0, int((event.start - ONSET_LAG - audio_start) * SAMPLE_RATE))]
-    if len(lead) and not lead[0] and (sound := np.flatnonzero(lead)).size:
+    sound = np.flatnonzero(np.abs(lead) > DIGITAL_SILENCE)
+    if len(sound) and sound[0] > 0:
         audio, audio_start = audio[int(sound[0]):], audio_start + int(sound[0]) / SAMPLE_RATE
     if len(audio) == len(event.audio):
         return event
