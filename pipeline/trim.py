@@ -50,6 +50,7 @@ CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues
 # A sound that begins this long before the VAD's first voiced frame is not that speech's own onset (a
 # fricative's precedes it by less): digital silence before such a sound is cut from what the model hears.
 ONSET_LAG = 0.1
+NOISE_LEAD, QUIET_BELOW_PEAK = 0.15, 20.0  # ... and so is a sound this long this far under the speech's peak
 # Digital silence: zeros, or the +-1 LSB a resampler leaves of them (LiveKit's, 16 -> 24 kHz), resampled again.
 DIGITAL_SILENCE = 2 / 32768
 MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
@@ -70,13 +71,29 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
                                         options.post_roll)
     # Digital silence that ends in a sound before the speech (a muted microphone, a client's zeros, then the
     # room): the model never learned zeros followed by noise, and wrote a word at the step ("oh", "back").
-    lead = audio[:max(0, int((event.start - ONSET_LAG - audio_start) * SAMPLE_RATE))]
-    sound = np.flatnonzero(np.abs(lead) > DIGITAL_SILENCE)
-    if len(sound) and sound[0] > 0:
+    speech = int((event.start - audio_start) * SAMPLE_RATE)  # the VAD's first voiced frame may straddle the step
+    sound = np.flatnonzero(np.abs(audio[:max(0, speech + round(FRAME_SECONDS * SAMPLE_RATE))]) > DIGITAL_SILENCE)
+    if len(sound) and sound[0] > 0 and _room_after(audio, int(sound[0]), speech):
         audio, audio_start = audio[int(sound[0]):], audio_start + int(sound[0]) / SAMPLE_RATE
     if len(audio) == len(event.audio):
         return event
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))
+
+
+def _room_after(audio: np.ndarray, first: int, speech: int) -> bool:
+    """Whether the sound from sample `first` on (after digital silence) is the room before the speech: it
+    begins more than ONSET_LAG before the VAD heard speech, or it stays QUIET_BELOW_PEAK dB under the
+    speech's peak for NOISE_LEAD s (webrtcvad, coming out of zeros, often hears the room's first frames as
+    speech; a fricative onset is as quiet, but briefer)."""
+    if first <= speech - ONSET_LAG * SAMPLE_RATE:
+        return True
+    window = SAMPLE_RATE // 100
+    span = audio[first:first + 2 * SAMPLE_RATE]
+    levels = np.sqrt(np.mean(np.square(span[:len(span) // window * window].reshape(-1, window)), axis=1))
+    if not len(levels):
+        return False
+    loud = np.flatnonzero(levels >= levels.max() * 10 ** (-QUIET_BELOW_PEAK / 20))
+    return int(loud[0]) * window >= NOISE_LEAD * SAMPLE_RATE
 
 
 def segments_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.0,

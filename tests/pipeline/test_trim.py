@@ -68,6 +68,23 @@ def test_the_model_never_hears_digital_silence_that_ends_in_the_room(noise_lead)
     assert for_model(whole, SegmenterOptions()) is whole
 
 
+def test_zeros_before_the_room_are_cut_even_when_the_vad_took_the_room_for_speech():
+    """webrtcvad, coming out of digital silence, often opens the segment on the room's first frames: the
+    VAD's start is then the step itself. A sound that stays 20 dB under the speech's peak for 0.15 s after
+    the zeros is still the room, and the zeros go; a fricative's onset, as quiet but briefer, keeps them."""
+    rng = np.random.default_rng(1)
+    start = 5.0
+    zeros = np.zeros(round(0.3 * SAMPLE_RATE), np.float32)
+    speech = (rng.standard_normal(SAMPLE_RATE) * 0.1).astype(np.float32)
+    for quiet_seconds, cut in [(0.3, True), (0.08, False)]:
+        quiet = (rng.standard_normal(round(quiet_seconds * SAMPLE_RATE)) * 0.003).astype(np.float32)
+        audio = np.concatenate([zeros, quiet, speech])
+        segment = SegmentFinished(0, start, start + 1.3, audio, start - 0.3)  # the VAD's start: at the step
+        heard = for_model(segment, SegmenterOptions())
+        assert (heard.audio_start == pytest.approx(start, abs=1 / SAMPLE_RATE)) is cut, quiet_seconds
+        assert (heard is segment) is not cut
+
+
 def test_segments_in_a_whole_buffer_are_what_an_upload_of_it_holds(demo_speech):
     """2 s of silence, two utterances with their pause, 1.5 s of silence: the buffer becomes the two segments
     the segmenter cuts from it, times shifted by the buffer's offset (a commit holding two utterances is
