@@ -5,8 +5,8 @@ but leading silence is heard, and a model that learned speech starting within th
 words to a longer one (issue 25: 0.5 s of it gave 18-22 % WER). So every door applies this one rule before
 a segment reaches the model: audio more than `pre_roll` seconds before the speech or more than `post_roll`
 seconds after it is cut (SegmenterOptions: 0.3 s and 0.2 s by default, the shape of the segments the
-segmenter cuts from a live stream). Nor does it hear digital silence that ends in a sound more than
-ONSET_LAG before the speech: zeros, then the room, then the words (a muted microphone, a client's gap).
+segmenter cuts from a live stream). Nor does it hear digital silence that ends in the room before the
+speech: zeros, then noise, then the words (a muted microphone, a client's gap; `_room_after`).
 
 - Segments the segmenter cut (live streams, uploads, FunASR, Realtime server VAD) know where their speech
   is; only a client's larger pre-roll (Realtime `prefix_padding_ms`) is cut from them (`for_model`).
