@@ -22,20 +22,17 @@ import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
 
-from .framework_drivers import livekit_events, livekit_finals
-from .silence import pcm16, wav_bytes
+from .framework_drivers import FRAME_MS, livekit_events, livekit_finals
+from .silence import joined, pcm16_frames, wav_bytes
 
 DOORS = ("dg-post", "dg-live", "dg-livekit", "dg-pipecat")
-FRAME = SAMPLE_RATE * 20 // 1000
 LIVE_QUERY = "encoding=linear16&sample_rate=16000&model=nova-3"
 ENDPOINTING_MS = 500  # timing(): the end silence asked for (the server's default too)
 UTTERANCE_END_MS = 1000  # timing(): Deepgram's smallest
 
 
 def chunks(audio: list[np.ndarray], gap: float) -> list[bytes]:
-    silence = np.zeros(int(gap * SAMPLE_RATE), np.float32)
-    data = pcm16(np.concatenate([x for a in audio for x in (a, silence)]))
-    return [data[i:i + FRAME * 2] for i in range(0, len(data) - FRAME * 2 + 1, FRAME * 2)]
+    return pcm16_frames(joined(audio, gap), FRAME_MS)
 
 
 async def post_text(port: int, audio: np.ndarray) -> str:

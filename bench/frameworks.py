@@ -53,14 +53,13 @@ from pipeline.audio import SAMPLE_RATE
 from .common import command_line, emit, machine, say
 from .serverproc import ServerProcess, free_port
 from . import deepgram, more_doors, silence
-from .framework_drivers import livekit_events, livekit_finals, pipecat_transcripts
-from .silence import LIVEKIT_VAD, Realtime, pcm16, recordings, upload_text
+from .framework_drivers import FRAME_MS, livekit_events, livekit_finals, pipecat_transcripts
+from .silence import LIVEKIT_VAD, Realtime, joined, pcm16, pcm16_frames, recordings, upload_text
 
 DOORS = ("upload", "upload-5ms", "upload-15ms", "upload-24k", "realtime-null", "realtime-600", "pipecat", "livekit",
          "wyoming", "wyoming-joined",
          *deepgram.DOORS, *more_doors.DOORS)
 WIRE_RATE = 24000  # OpenAI's Realtime rate, which both frameworks resample to
-FRAME = SAMPLE_RATE * 20 // 1000  # samples per 20 ms transport frame
 PACE = 4.0  # frames go out this many times faster than real time
 GAP = silence.TURN_GAP  # seconds of silence after each recording (a turn ends)
 QUIET = 5.0  # seconds without a new transcript after the last frame: the session is done
@@ -69,10 +68,7 @@ PHASES_MS = (5, 15)  # the upload-*ms doors: a sixth and a half of a VAD frame
 
 def frames(audio: list[np.ndarray]) -> list[bytes]:
     """Every recording, each followed by GAP s of silence, as 20 ms PCM16 frames."""
-    gap = np.zeros(int(GAP * SAMPLE_RATE), np.float32)
-    data = pcm16(np.concatenate([x for a in audio for x in (a, gap)]))
-    step = FRAME * 2
-    return [data[i:i + step] for i in range(0, len(data) - step + 1, step)]
+    return pcm16_frames(joined(audio, GAP), FRAME_MS)
 
 
 async def pipecat_text(port: int, audio: list[np.ndarray]) -> str:
@@ -119,8 +115,6 @@ async def wyoming_text(port: int, audio: list[np.ndarray]) -> str:
 def drivers(port: int, audio: list[np.ndarray], wyoming_port: int,
             funasr_port: int) -> dict[str, Callable[[], Awaitable[str]]]:
     """Per door of DOORS, what measures it: the joined text of the recordings."""
-    gap = np.zeros(int(GAP * SAMPLE_RATE), np.float32)
-
     async def uploads(recordings: list[np.ndarray], rate: int = SAMPLE_RATE) -> str:
         return " ".join([await upload_text(port, a, rate) for a in recordings])
 
@@ -133,7 +127,7 @@ def drivers(port: int, audio: list[np.ndarray], wyoming_port: int,
            "realtime-null": lambda: realtime(None), "realtime-600": lambda: realtime(LIVEKIT_VAD),
            "pipecat": lambda: pipecat_text(port, audio), "livekit": lambda: livekit_text(port, audio),
            "wyoming": lambda: wyoming_text(wyoming_port, audio),
-           "wyoming-joined": lambda: wyoming_text(wyoming_port, [np.concatenate([x for a in audio for x in (a, gap)])])}
+           "wyoming-joined": lambda: wyoming_text(wyoming_port, [joined(audio, GAP)])}
     for ms in PHASES_MS:
         lead = np.zeros(ms * SAMPLE_RATE // 1000, np.float32)
         out[f"upload-{ms}ms"] = lambda lead=lead: uploads([np.concatenate([lead, a]) for a in audio])

@@ -56,6 +56,18 @@ def pcm16(audio: np.ndarray) -> bytes:
     return np.clip(np.round(audio * 32768), -32768, 32767).astype("<i2").tobytes()
 
 
+def joined(audio: list[np.ndarray], gap: float = TURN_GAP) -> np.ndarray:
+    """The recordings one after another in one session, each followed by `gap` s of digital silence."""
+    silence = np.zeros(int(gap * SAMPLE_RATE), np.float32)
+    return np.concatenate([x for a in audio for x in (a, silence)])
+
+
+def pcm16_frames(audio: np.ndarray, ms: int) -> list[bytes]:
+    """`audio` as PCM16 frames of `ms` each, as a transport delivers them (a last partial frame dropped)."""
+    data, step = pcm16(audio), SAMPLE_RATE * ms // 1000 * 2
+    return [data[i:i + step] for i in range(0, len(data) - step + 1, step)]
+
+
 def wav_bytes(audio: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
     import io
 
