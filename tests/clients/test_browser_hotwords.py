@@ -41,7 +41,8 @@ async def first_final(page, hotwords: str) -> str:
 
 async def test_page_sends_hotwords(serve_test_server, blend_browser):
     async with serve_test_server(DEMO_MODEL, partial_interval=0.0) as url:
-        for hotwords, expected in ((f"save:{BLEND_BOOST:g}", "save message"), (f"send:{BLEND_BOOST:g}, turn on", "send message")):
+        for hotwords, expected in ((f"save:{BLEND_BOOST:g}", "save message"),
+                                   (f"send:{BLEND_BOOST:g}, turn on", "send message")):
             page = await blend_browser.new_page()
             await page.goto(url.http + "/")
             assert await first_final(page, hotwords) == expected
