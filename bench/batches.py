@@ -18,6 +18,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.batching import Clip, parse_batch_sizes
 from pipeline.engine import WARMUP_FILL, Engine
 from pipeline.planner import cost_table_document
+from server.costs import session_figures
 
 from .common import mib, speech_audio
 
@@ -58,9 +59,7 @@ def finish(part: dict[str, Any], timed: dict[str, dict], engine: Engine, precisi
         per_shape[key] = {**s, "per_segment": round(s["median"] / batch, 5),
                           "segments_per_second": round(batch / s["median"], 2)}
         seconds[(batch, size)] = s["median"]
-        extra[(batch, size)] = {name: part[table][key] for name, table in
-                                (("rss_mib", "session_rss_mib"), ("device_mib", "session_device_mib"),
-                                 ("build_seconds", "session_seconds")) if key in part[table]}
+        extra[(batch, size)] = session_figures(engine.stats, batch, size, device)
     part["per_shape"] = per_shape
     part["unwarmed_calls"] = engine.stats.unwarmed_calls
     part["cost_table"] = cost_table_document(seconds, precision, device, engine.provider or "", model, extra)

@@ -5,9 +5,7 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -19,6 +17,7 @@ import numpy as np
 import psutil
 
 from pipeline.audio import SAMPLE_RATE, load_audio
+from server.costs import nvidia_smi
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SPEECH_FIXTURE = FIXTURES / "three_utterances.wav"
@@ -105,22 +104,6 @@ def cpu_model() -> str:
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"
     return name
-
-
-def nvidia_smi(query: str) -> list[str] | None:
-    """One `nvidia-smi --query-gpu` field per GPU, or None without an NVIDIA driver. ONNX Runtime's Python
-    API does not report device memory, so the driver's figure is the one there is."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30)
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else None
-
-
-def device_memory_used(device_id: int = 0) -> int | None:
-    """Bytes in use on GPU `device_id` (every process's), or None where it cannot be read."""
-    used = nvidia_smi("memory.used")
-    return int(float(used[device_id]) * 2**20) if used and len(used) > device_id else None
 
 
 def machine() -> dict[str, Any]:

@@ -8,10 +8,11 @@
 #   bash bench/gpu_check.sh lease         # issue 34: everything one 15-minute lease measures, in one call (below)
 #   bash bench/gpu_check.sh lease-prepare # here, before a lease: the tiny Paraformer and Qwen3-ASR fp16 it verifies
 #
-# `lease` runs in one device call of at most LEASE_SECONDS (540) after the onnxruntime-gpu chunks are in
+# `lease` runs in one device call of at most LEASE_SECONDS (570) after the onnxruntime-gpu chunks are in
 # place (docs/benchmarks.md "A lease, step by step"): setup_device.sh, the fp16-only export, then in
-# priority order the cost table on the ladder, bench load on it at 256, 400, 512 streams, one 30 s segment
-# with its profile, verify of Paraformer and Qwen3-ASR fp16 on CUDA; each step bounded by its cap and by
+# priority order bench load on the ladder at 256, 400, 512 streams with the cost table its server measures,
+# the FSMN conv's four formulations, one 30 s segment with its profile, verify of Paraformer and Qwen3-ASR
+# fp16 on CUDA; each step bounded by its cap and by
 # what is left of the lease; steps.tsv records each one's limit, exit status and seconds; `python -m bench
 # lease $OUT` prints the summary table at the end. Rehearse it on a CPU:
 #   SIZE=tiny DEVICE=cpu OUT=/tmp/lease-rehearsal bash bench/gpu_check.sh lease
@@ -46,7 +47,7 @@ lease() {  # the `lease` mode: see the top of this file
   local streams seconds
   if [ "$DEVICE" = cpu ]; then streams=${STREAMS:-2,4}; seconds=${SECONDS_PER_STEP:-6}
   else streams=${STREAMS:-256,400,512}; seconds=${SECONDS_PER_STEP:-15}; fi
-  began=$(date +%s); deadline=$((began + ${LEASE_SECONDS:-540}))
+  began=$(date +%s); deadline=$((began + ${LEASE_SECONDS:-570}))
   : > "$OUT/steps.tsv"
   run_step() {  # run_step NAME CAP LOG COMMAND...: at most CAP seconds, and never past the deadline
     local name=$1 cap=$2 log=$3; shift 3
@@ -71,16 +72,15 @@ lease() {  # the `lease` mode: see the top of this file
     rm -rf "$MODEL"
     run_step export 150 export.txt "$PY" -m export sensevoice --random-init "$SIZE" --precision fp16 --out "$MODEL"
   fi
-  # 1. seconds per call and memory of every (batch, container) of the grid the server will serve
-  run_step table 200 model.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
-    --skip exact,fixed --containers "$ladder" --batch-sizes "$batches" --lengths 1,2,4,8,30 --repeats 10 \
-    --warmup 2 --save "$OUT/model.json"
-  local costs=()
-  [ -f "$OUT/model.json" ] && costs=(--cost-table "$OUT/model.json")
-  # 2. the ladder under load, planned from that table (modelled without it); saved after each step
-  run_step load 240 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
-    --containers "$ladder" --batch-sizes "$batches" "${costs[@]}" --streams "$streams" --seconds "$seconds" \
-    --target 0.5 --max-time 170 --server-log "$OUT/server.txt" --save "$OUT/load.json"
+  # 1. the ladder under load, planned from the table the server measures after its warm-up and writes to
+  #    costs.json (time per call, build seconds and GPU memory per shape): one warm-up pays for both, where a
+  #    separate `bench model` table paid a second one (12-14 s a session on CUDA, docs/benchmarks.md)
+  run_step load 330 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
+    --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
+    --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 150 \
+    --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
+  # 2. why a CUDA session's first run is slow: the FSMN block's depthwise conv written four ways
+  run_step fsmn 90 fsmn.txt "$PY" -m bench fsmn --device "$DEVICE" --save "$OUT/fsmn.json"
   # 3. one 30 s segment alone (the serving path, batch 1) and its ORT profile
   run_step segment30 60 segment30.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
     --skip exact,fixed --containers 30 --batch-sizes 1 --lengths 30 --repeats 20 --warmup 3 \
@@ -92,7 +92,7 @@ lease() {  # the `lease` mode: see the top of this file
   [ -f "$qw/manifest.json" ] || run_step export-qw 60 export-qw.txt "$PY" -m export qwen3-asr --random-init tiny \
     --container 8 --precision fp16 --out "$qw"
   run_step verify-qw 45 verify-qwen3.txt "$PY" -m export verify "$qw" --device "$DEVICE" --lengths 2,5,7.5
-  echo "lease: $(($(date +%s) - began)) s of ${LEASE_SECONDS:-540}" | tee -a "$OUT/steps.txt"
+  echo "lease: $(($(date +%s) - began)) s of ${LEASE_SECONDS:-570}" | tee -a "$OUT/steps.txt"
   "$PY" -m bench lease "$OUT" | tee "$OUT/summary.txt"
 }
 

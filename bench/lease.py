@@ -1,6 +1,7 @@
 """`python -m bench lease OUT`: the summary table of one GPU lease (bench/gpu_check.sh lease), from what it
-left in OUT: steps.tsv (each step's limit, exit status and seconds), model.json (the cost table),
-load.json (the ladder under load), segment30.json (one 30 s segment and its profile) and verify-*.txt.
+left in OUT: steps.tsv (each step's limit, exit status and seconds), costs.json (the cost table the load's
+server measured; model.json, a `bench model` one, where a lease made it), load.json (the ladder under load),
+fsmn.json (the FSMN conv's formulations), segment30.json (one 30 s segment and its profile) and verify-*.txt.
 Prints what was measured against the issue's targets; a step that did not finish shows as such.
 """
 from __future__ import annotations
@@ -55,16 +56,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'step':<14} {'limit s':>8} {'took s':>7} {'exit':>5}")
     for name, limit, code, took in steps(out):
         print(f"{name:<14} {limit:>8} {took:>7} {code + (' (timed out)' if code in ('124', '137') else ''):>5}")
-    model = read_json(out / "model.json")
-    if model and model.get("cost_tables"):
-        for precision, table in model["cost_tables"].items():
+    tables = (read_json(out / "model.json") or {}).get("cost_tables") or {}
+    measured = read_json(out / "costs.json")  # the table the load's server measured after its warm-up
+    if not tables and measured and measured.get("calls"):
+        tables = {measured["precision"]: measured}
+    if tables:
+        for precision, table in tables.items():
             print(f"\n{precision} on {table['provider']}: seconds per call (table), build seconds, memory per session")
             print(f"{'batch':>6} {'container':>9} {'call ms':>8} {'ms/seg':>7} {'build s':>8} {'GPU MiB':>8} {'RSS MiB':>8}")
             for c in table["calls"]:
                 print(f"{c['batch']:>6} {c['container']:>8g}s {c['seconds'] * 1e3:8.2f} {c['seconds'] * 1e3 / c['batch']:7.2f} "
                       f"{c.get('build_seconds', '-')!s:>8} {c.get('device_mib', '-')!s:>8} {c.get('rss_mib', '-')!s:>8}")
     else:
-        print("\nno cost table (model.json missing or incomplete)")
+        print("\nno cost table (costs.json and model.json missing or incomplete)")
     load = read_json(out / "load.json")
     if load:
         print(f"\nload on the ladder {load.get('containers')}, batch sizes {load.get('batch_sizes')}, costs from "
@@ -89,6 +93,14 @@ def run(args: argparse.Namespace) -> int:
             profile = part.get("profile") or {}
             print(f"\none 30 s {precision} segment: {seconds} s; profile: {profile.get('kernel_ms')} ms in nodes, top "
                   + ", ".join(f"{o['op']} {o['ms']} ms" for o in profile.get("by_op", [])[:5]))
+    fsmn = read_json(out / "fsmn.json")
+    if fsmn:
+        print(f"\n{fsmn['layers']} FSMN blocks, {fsmn['precision']} on {fsmn['device']}: create, first run, later runs")
+        for r in fsmn["rows"]:
+            print(f"  {r['form']:<7} {r['batch']:>3}x{r['frames']:<4} {r['create_s']:6.2f} s {r['first_run_s']:7.3f} s "
+                  f"{r['run_ms']:8.2f} ms  max |diff| {r['max_diff']:.1e}")
+        for form, firsts in fsmn.get("one_session_first_runs", {}).items():
+            print(f"  {form}, one session of free shape, first run at each shape in turn: {firsts} s")
     for name in ("paraformer", "qwen3"):
         figures = last_json(out / f"verify-{name}.txt")
         print(f"verify {name}: " + ("no result" if figures is None else f"passed {figures.get('passed')}"))

@@ -207,7 +207,8 @@ async def run_step(url: str, host: str, port: int, pid: int | None, n: int, args
     stop = asyncio.Event()
     sampler = asyncio.ensure_future(sample_process(pid, stop, server))
     began = time.monotonic()
-    results = await asyncio.gather(*(stream_client(url, m, args.chunk, args.seconds + 120) for m in meetings))
+    wait = args.seconds + args.final_timeout
+    results = await asyncio.gather(*(stream_client(url, m, args.chunk, wait) for m in meetings))
     stop.set()
     await sampler
     after = await scrape(host, port)
@@ -315,6 +316,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=float, default=0.1, help="seconds of audio per message")
     parser.add_argument("--target", type=float, default=1.0, help="p95 latency beyond the end silence to pass")
     parser.add_argument("--max-time", type=float, default=900.0, help="stop stepping after this many seconds")
+    parser.add_argument("--final-timeout", type=float, default=120.0,
+                        help="seconds a stream waits for its last results once its audio is sent; later, its finals "
+                             "count as lost (a short one keeps a slow step's figures inside a time limit)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--end-silence", type=float, default=o.end_silence, help="the server's --end-silence")
     parser.add_argument("--partial-interval", type=float, default=o.partial_interval,
@@ -326,7 +330,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="auto", help="for the server we start")
     parser.add_argument("--containers", default=None, help="for the server we start, e.g. 4,8,15,30")
     parser.add_argument("--cost-table", type=Path, default=None,
-                        help="for the server we start: `bench model --save` output it plans batches from")
+                        help="for the server we start: `bench model --save` output it plans batches from (with "
+                             "--measure-costs: where it writes the table it measured)")
+    parser.add_argument("--measure-costs", action="store_true",
+                        help="for the server we start: time its grid after the warm-up and plan from that")
+    parser.add_argument("--server-log-level", default="warning", help="for the server we start (info: each "
+                        "session's creation and warm-up, the costs it plans from)")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
     parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "
                         "the process listening on the port)")
@@ -344,7 +353,8 @@ def run(args: argparse.Namespace) -> int:
         "partial_interval": args.partial_interval, "partial_window": args.partial_window,
         "device": args.device, "batch_sizes": args.batch_sizes, "target_p95_beyond_silence": args.target,
         "precision": args.precision, "containers": args.containers, "threads": args.threads,
-        "cost_table": None if args.cost_table is None else str(args.cost_table), "machine": machine(),
+        "cost_table": None if args.cost_table is None else str(args.cost_table),
+        "measure_costs": args.measure_costs, "final_timeout": args.final_timeout, "machine": machine(),
         "steps": [],
     }
     code = 0

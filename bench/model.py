@@ -37,9 +37,10 @@ from pipeline.errors import UnipadError
 from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
 from pipeline.providers import provider_config
 from pipeline.shapes import ShapePolicy, parse_containers
+from server.costs import device_memory_used
 
 from . import batches
-from .common import command_line, PeakMemory, device_memory_used, emit, machine, mib, speech_audio, summary, time_runs
+from .common import command_line, PeakMemory, emit, machine, mib, speech_audio, summary, time_runs
 
 DEFAULT_LENGTHS = (1.0, 2.0, 3.0, 5.0, 8.0, 10.0, 15.0, 20.0, 25.0, 30.0)
 FIXED_CONTAINER = 30.0

@@ -50,7 +50,8 @@ class ServerProcess:
     def __init__(self, args: argparse.Namespace, max_sessions: int) -> None:
         self.port = free_port()
         command = [sys.executable, "-m", "server", "--model", str(args.model), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--max-sessions", str(max_sessions), "--log-level", "warning",
+                   "--port", str(self.port), "--max-sessions", str(max_sessions),
+                   "--log-level", getattr(args, "server_log_level", "warning"),
                    "--end-silence", str(args.end_silence), "--partial-interval", str(args.partial_interval),
                    "--precision", args.precision, "--threads", str(args.threads)]
         if args.containers:
@@ -58,6 +59,8 @@ class ServerProcess:
         for flag in ("device", "batch_sizes", "partial_window", "cost_table"):  # absent or None: the server's default
             if getattr(args, flag, None) is not None:
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        if getattr(args, "measure_costs", False):
+            command.append("--measure-costs")
         command += getattr(args, "options", ())
         # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
         self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()

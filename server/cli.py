@@ -58,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows per model run, e.g. 1,4,16 (default: that on GPUs, 1 on CPU; int8 always 1)")
     p.add_argument("--cost-table", type=Path, default=None,
                    help="`python -m bench model --save` output: measured seconds per (batch, container), from which "
-                        "the worker plans its batches (default: modelled as rows x container seconds)")
+                        "the worker plans its batches (default: modelled as rows x container seconds); with "
+                        "--measure-costs, where the measured table is written")
+    p.add_argument("--measure-costs", action="store_true",
+                   help="time every (batch, container) shape after the warm-up and plan batches from that (GPUs: "
+                        "a few seconds more to start)")
     p.add_argument("--cuda-graph", action="store_true", help="CUDA: capture each session's graph and replay it")
     p.add_argument("--allow-tf32", action="store_true", help="CUDA: TF32 matmuls for fp32 (faster, not exact)")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=d.share_weights,

@@ -43,6 +43,7 @@ class ServerConfig:
     cpu_spin_us: int = 0  # CPU: intra-op threads spin up to this long between operators; 0: never (shared cores)
     batch_sizes: tuple[int, ...] | None = None  # rows per model run; None: the engine's default (1,4,16 GPU; 1 CPU)
     cost_table: Path | None = None  # `bench model --save` output: seconds per (batch, container); None: modelled
+    measure_costs: bool = False  # time the warmed grid at startup and plan from that (written to cost_table if set)
     cuda_graph: bool = False  # CUDA: capture and replay each session's graph
     allow_tf32: bool = False  # CUDA: TF32 matmuls for fp32 (faster, no longer exact)
     share_weights: bool = True  # CPU: one copy of the weights for all sessions (EngineOptions.share_weights)
@@ -176,8 +177,14 @@ def tls_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 
 def cost_tables(config: ServerConfig) -> dict[str, MeasuredCosts]:
-    """The measured cost tables of --cost-table by precision ({} without it); ValueError naming the flag."""
+    """The measured cost tables of --cost-table by precision ({} without it, or when the server measures its
+    own and writes them there); ValueError naming the flag."""
     if config.cost_table is None:
+        return {}
+    if config.measure_costs:
+        if not Path(config.cost_table).parent.is_dir():
+            raise ValueError(f"--cost-table {config.cost_table}: its folder does not exist (with --measure-costs "
+                             f"the measured table is written there)")
         return {}
     try:
         return read_cost_tables(json.loads(Path(config.cost_table).read_text(encoding="utf-8")))

@@ -31,6 +31,7 @@ from pipeline.vad import silero_session
 from .access import AuthFailures, install_redaction, proxy_networks
 from .config import ServerConfig, cost_tables, segmenter_options, tls_context
 from .connection import Connection
+from .costs import device_memory_used
 from .http import listening_urls, process_request
 from .logs import quiet_requests
 from .metrics import Metrics
@@ -190,9 +191,12 @@ class Server:
         self.shutting_down = loop.create_future()
         if self.engine is None:
             self.engine = Engine(self.config.model, engine_options(self.config))
+        if self.config.measure_costs:  # the measured table keeps each session's GPU memory beside its time
+            self.engine.memory_probe = functools.partial(device_memory_used, self.engine.options.device_id or 0)
         self.worker = Worker(self.engine, loop, self.metrics,
                              max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT,
-                             cost_tables=cost_tables(self.config))
+                             cost_tables=cost_tables(self.config), measure_costs=self.config.measure_costs,
+                             save_costs=self.config.cost_table if self.config.measure_costs else None)
         self.worker.ready.add_done_callback(self._on_ready)
         server = await serve(
             self._handle,

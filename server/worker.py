@@ -13,8 +13,8 @@ Batching: when the engine batches (GPUs), each round is one session call that pi
 from the waiting jobs and a cost table of the warmed (batch, container) shapes: jobs of one container,
 finals first (partials and batch jobs ride in rows the finals leave spare), the least seconds per job by
 the table, a stream's jobs in their order, and the oldest job's container once it has waited the
-planner's patience. The table is the one `bench model --save` measured for the engine's precision
-(`--cost-table`), else modelled (pipeline/planner.py modelled_table). With batch size 1 (the CPU
+planner's patience. The table (server/costs.py) is measured here after the warm-up (`--measure-costs`),
+or read from `bench model --save` (`--cost-table`), else modelled. With batch size 1 (the CPU
 default) a round is one job, exactly the order above. A batch that fails is retried job by job, so one
 bad segment costs no other stream its final; a job that still fails gets its own InferenceError.
 Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
@@ -22,22 +22,25 @@ Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connecti
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from pipeline.audio import samples_to_seconds
-from pipeline.batching import CALL_OVERHEAD_ROWS, Clip
-from pipeline.planner import CostTable, MeasuredCosts, PlannerOptions, Waiting, measured_table, modelled_table, next_run
+from pipeline.batching import Clip
+from pipeline.planner import CostTable, MeasuredCosts, PlannerOptions, Waiting, next_run, read_cost_tables
 from pipeline.decoding import after_context, before_cut, starting_at
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 from pipeline.trim import Context, Said
 
+from .costs import cost_table, measure_costs, measured_document
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -81,9 +84,12 @@ class Worker:
 
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, max_finals: int,
                  cost_tables: Mapping[str, MeasuredCosts] | None = None,
-                 planner: PlannerOptions = PlannerOptions()) -> None:
+                 planner: PlannerOptions = PlannerOptions(), measure_costs: bool = False,
+                 save_costs: Path | None = None) -> None:
         self.engine = engine
         self.cost_tables = dict(cost_tables or {})  # precision -> measured table (pipeline/planner.py)
+        self.measure_costs = measure_costs  # time the warmed grid before ready (server/costs.py) ...
+        self.save_costs = save_costs  # ... and write that table here
         self.planner = planner
         self.table: CostTable | None = None  # the planner's table of the warmed grid, once loaded (batching only)
         self.loop = loop
@@ -186,10 +192,27 @@ class Worker:
     def _plan_on_grid(self) -> None:
         """The planner's table for the engine's warmed grid (again after a rebuild); None without batching."""
         if max(getattr(self.engine, "batch_sizes", None) or (1,)) == 1:
+            if self.measure_costs:
+                log.info("costs not measured: batch size 1 runs one clip per call, so there are no batches to plan")
             self.table = None
             return
+        if self.measure_costs:
+            self._measure_costs()
         self.table = cost_table(self.engine, self.cost_tables)
         log.info("batching on %d shapes, costs %s", len(self.table.seconds), self.table.source)
+
+    def _measure_costs(self) -> None:
+        """Time every shape of the warmed grid (again after a rebuild: another device, other costs) and
+        plan from that table; write it where --cost-table says, if it does."""
+        began = time.perf_counter()
+        document = measured_document(self.engine, measure_costs(self.engine))
+        self.cost_tables = read_cost_tables(document)
+        log.info("measured the costs of %d shapes in %.1f s", len(document["calls"]), time.perf_counter() - began)
+        if self.save_costs is not None:
+            try:
+                self.save_costs.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            except OSError as exc:  # the table is in use all the same; only the file is missing
+                log.error("could not write the measured cost table to %s: %s", self.save_costs, exc.strerror or exc)
 
     def _next_jobs(self) -> tuple[list[Job], int | None] | None:
         """One round: its jobs and the planned batch (None: one job, in the order of the queues)."""
@@ -291,23 +314,6 @@ class Worker:
             log.warning("the engine rebuilt its sessions (%d so far); now on %s", rebuilds, self.engine.provider)
             self._rebuilds = rebuilds
             self._plan_on_grid()  # a rebuild on another device has another grid
-
-
-def cost_table(engine: Any, tables: Mapping[str, MeasuredCosts]) -> CostTable:
-    """The planner's table for the engine's warmed grid: the measured one of its precision and device when
-    `tables` has it, else modelled from the device's call overhead (pipeline/batching.py)."""
-    overhead = CALL_OVERHEAD_ROWS["cpu" if engine.device == "cpu" else "gpu"]
-    measured = tables.get(engine.precision)
-    if measured is not None and measured.device != engine.device:
-        log.warning("the cost table for %s was measured on %s, not %s: not used", engine.precision, measured.device,
-                    engine.device)
-        measured = None
-    elif measured is None and tables:
-        log.warning("the cost table has no %s table (it has %s): costs modelled", engine.precision, ", ".join(tables))
-    if measured is None:
-        return modelled_table(engine.grid, overhead)
-    return measured_table(engine.grid, measured.seconds, overhead,
-                          f"measured ({measured.precision} on {measured.device}, {measured.model or 'a model'})")
 
 
 def unwarmed_shape_calls(engine: Any) -> int:

@@ -111,6 +111,36 @@ def test_load_bench_starts_a_server_and_loses_nothing(tiny_model_dir: Path, tmp_
     assert "Capacity: 2 concurrent" in text and (tmp_path / "plot.png").stat().st_size > 1000
 
 
+def test_a_lease_summary_shows_the_table_the_load_benchs_server_measured(tiny_model_dir: Path, tmp_path: Path) -> None:
+    code, result, err = bench("load", "--model", str(tiny_model_dir), "--device", "cpu", "--precision", "fp32",
+                              "--containers", "4,30", "--batch-sizes", "1,4", "--measure-costs", "--cost-table",
+                              str(tmp_path / "costs.json"), "--streams", "1", "--seconds", "5",
+                              "--save", str(tmp_path / "load.json"))
+    assert code == 0, err
+    assert result["server_info"]["costs"].startswith("measured (fp32 on cpu") and result["steps"][0]["lost"] == 0
+    table = read_cost_tables(json.loads((tmp_path / "costs.json").read_text()))["fp32"]
+    assert set(table.seconds) == {(b, c * 16000) for b in (1, 4) for c in (4, 30)}
+    done = subprocess.run([sys.executable, "-m", "bench", "lease", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:2] in (["1", "4s"], ["4", "30s"])]
+    assert len(rows) == 2 and all(float(r[2]) > 0 for r in rows), done.stdout  # call ms of each shape
+    assert "load on the ladder 4,30" in done.stdout
+
+
+def test_fsmn_bench_times_four_forms_that_agree(tmp_path: Path) -> None:
+    save = tmp_path / "fsmn.json"
+    code, _, err = bench("fsmn", "--precision", "fp32", "--shapes", "1x40,2x40", "--layers", "2", "--repeats", "1",
+                         "--save", str(save))
+    assert code == 0, err
+    result = json.loads(save.read_text())
+    assert {(r["form"], r["batch"]) for r in result["rows"]} == {(f, b) for f in ("conv2d", "conv1d", "taps", "gather")
+                                                                 for b in (1, 2)}
+    assert all(r["finite"] and r["max_diff"] < 1e-5 and r["run_ms"] > 0 for r in result["rows"])
+    assert set(result["one_session_first_runs"]) == {"conv2d", "conv1d"}
+    assert bench("fsmn", "--forms", "conv3d")[0] == 2
+
+
 def test_load_bench_unreachable_server_fails_clearly() -> None:
     code, result, err = bench("load", "--url", f"ws://127.0.0.1:{free_port()}/v1/stream", "--streams", "1")
     assert code == 1 and "unreachable" in err

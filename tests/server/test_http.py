@@ -172,6 +172,7 @@ async def test_static_content_types(serve_test_server, tmp_path, monkeypatch):
     (["--certfile", __file__, "--keyfile", __file__], "cannot load them as a PEM certificate"),  # was "[SSL] PEM lib"
     (["--cost-table", "/nonexistent.json"], "--cost-table /nonexistent.json: No such file"),
     (["--cost-table", __file__], "--cost-table"),  # not JSON
+    (["--measure-costs", "--cost-table", "/nonexistent/costs.json"], "its folder does not exist"),
 ])
 def test_cli_bad_flags_exit_2_in_one_line(argv, message, test_model_dir, capsys):
     from server.cli import main

@@ -1,9 +1,11 @@
 """The worker's rounds on a real engine (CPU fp32, batches of 1 and 4): jobs that wait together run as one
-batch, on a ladder each in the container that holds it as the cost table plans (pipeline/planner.py), and a
-batch that fails is retried job by job so that only the bad job gets an error."""
+batch, on a ladder each in the container that holds it as the cost table plans (pipeline/planner.py), a
+server that measures its own table plans from it and writes it, and a batch that fails is retried job by
+job so that only the bad job gets an error."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import ProtocolError
 from pipeline.planner import cost_table_document, read_cost_tables
 from server.metrics import Metrics
+from server_testkit import http_get
 from server.worker import FINAL, PARTIAL, Job, Worker
 
 
@@ -72,6 +75,24 @@ async def test_jobs_run_in_the_smallest_container_that_holds_them_as_the_table_p
     assert engine.stats.last_container == two and engine.stats.unwarmed_calls == 0
     for i, (transcript, error) in results.items():
         assert error is None and transcript == engine.transcribe(clip(0.5 + 0.4 * i, i), "auto")
+
+
+async def test_a_server_that_measures_its_costs_plans_from_them_and_writes_them(serve_test_server, tiny_model_dir,
+                                                                                tmp_path):
+    saved = tmp_path / "costs.json"
+    async with serve_test_server(tiny_model_dir, device="cpu", precision="fp32", containers=(2.0, 30.0),
+                                 batch_sizes=(1, 4), measure_costs=True, cost_table=saved) as url:
+        status, _, body = await http_get(url.http, "/readyz")
+        table, engine = url.server.worker.table, url.server.engine
+    assert status == 200
+    name = engine.model.manifest.name
+    assert json.loads(body)["costs"] == table.source == f"measured (fp32 on cpu, {name}), 4 shapes measured"
+    assert set(table.seconds) == set(engine.grid) and all(s > 0 for s in table.seconds.values())
+    document = json.loads(saved.read_text())  # what `--cost-table` reads back, with each session's figures
+    assert read_cost_tables(document)["fp32"].seconds == table.seconds
+    assert all(call["build_seconds"] > 0 and call["rss_mib"] is not None and "device_mib" not in call
+               for call in document["calls"])
+    assert engine.stats.unwarmed_calls == 0
 
 
 async def test_a_failed_batch_is_retried_job_by_job(engine):
