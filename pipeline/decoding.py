@@ -102,8 +102,9 @@ def transcript_from_runs(run_ids: np.ndarray, starts: np.ndarray, ends: np.ndarr
                          prompt_frames: int = PROMPT_FRAMES, frame_seconds: float = OUTPUT_FRAME_SECONDS,
                          offset: float = 0.0) -> Transcript:
     """The emitted tokens of a CTC path -> Transcript: ids int [n], each one's frames [starts, ends)."""
-    t0 = np.maximum((starts - prompt_frames) * frame_seconds + offset, offset)
-    t1 = np.maximum((ends - prompt_frames) * frame_seconds + offset, offset)
+    floor = max(offset, 0.0)  # a clip may begin before the stream does (trim.STREAM_START_LEAD); no word does
+    t0 = np.maximum((starts - prompt_frames) * frame_seconds + offset, floor)
+    t1 = np.maximum((ends - prompt_frames) * frame_seconds + offset, floor)
 
     tags: dict[str, str] = {}
     pieces: list[TokenTiming] = []

@@ -303,7 +303,9 @@ def decode_paraformer(output: ParaformerOutput, tokens: Sequence[str], offset: f
         # FunASR's -1.5 frame shift can put the first token before the clip; it starts at the clip instead.
         start, end = max(start, 0), max(end, 0)
         previous_end = end
-        timed.append(TokenTiming(text, round(offset + start / 1000, 6), round(offset + end / 1000, 6)))
+        # max(0): a clip may begin before the stream does (trim.STREAM_START_LEAD); no word does
+        timed.append(TokenTiming(text, round(max(0.0, offset + start / 1000), 6),
+                                 round(max(0.0, offset + end / 1000), 6)))
     text = "".join(t.text for t in timed)
     words = tuple(TokenTiming(t.text.strip(), t.start, t.end) for t in timed)
     return Transcript(text=text, tokens=tuple(timed), words=words)

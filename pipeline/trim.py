@@ -6,7 +6,9 @@ words to a longer one (issue 25: 0.5 s of it gave 18-22 % WER). So every door ap
 a segment reaches the model: audio more than `pre_roll` seconds before the speech or more than `post_roll`
 seconds after it is cut (SegmenterOptions: 0.3 s and 0.2 s by default, the shape of the segments the
 segmenter cuts from a live stream). Nor does it hear digital silence that ends in the room before the
-speech: zeros, then noise, then the words (a muted microphone, a client's gap; `_room_after`).
+speech: zeros, then noise, then the words (a muted microphone, a client's gap; `_room_after`). A segment
+whose speech starts at the stream's first sample is heard after STREAM_START_LEAD of zeros (times before
+the stream's start are clamped to it in the decoders).
 
 - Segments the segmenter cut (live streams, uploads, FunASR, Realtime server VAD) know where their speech
   is; only a client's larger pre-roll (Realtime `prefix_padding_ms`) is cut from them (`for_model`).
@@ -54,6 +56,12 @@ NOISE_LEAD, QUIET_BELOW_PEAK = 0.15, 20.0  # ... and so is a sound this long thi
 # Digital silence: zeros, or the +-1 LSB a resampler leaves of them (LiveKit's, 16 -> 24 kHz), resampled again.
 DIGITAL_SILENCE = 2 / 32768
 MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
+# Zeros the model hears before a segment that starts with the stream, its speech at the first sample (a file
+# cut tight, a microphone opened mid-word). Measured on the demo model, 200 held-out recordings whose speech
+# starts at their first sample, clean, pink and room noise (docs/benchmarks.md, issue 36, stop 39): the
+# errors depend on where the onset falls in the frontend's 60 ms frames: with 0, 15, 20, 30, 45, 60, 90,
+# 150 and 300 ms of zeros before it, 301, 242, 218, 196, 258, 346, 217, 216 and 304 errors in all (9 cells).
+STREAM_START_LEAD = 0.03
 
 
 def trim_to_speech(audio: np.ndarray, audio_start: float, start: float, end: float, pre_roll: float,
@@ -75,6 +83,9 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     sound = np.flatnonzero(np.abs(audio[:max(0, speech + round(FRAME_SECONDS * SAMPLE_RATE))]) > DIGITAL_SILENCE)
     if len(sound) and sound[0] > 0 and _room_after(audio, int(sound[0]), speech):
         audio, audio_start = audio[int(sound[0]):], audio_start + int(sound[0]) / SAMPLE_RATE
+    if audio_start <= 0 and event.start - audio_start < ONSET_LAG and len(audio):  # speech from the first sample
+        lead = np.zeros(int(round(STREAM_START_LEAD * SAMPLE_RATE)), np.float32)
+        audio, audio_start = np.concatenate([lead, audio]), audio_start - STREAM_START_LEAD
     if len(audio) == len(event.audio):
         return event
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))

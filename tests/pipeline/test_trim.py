@@ -13,8 +13,10 @@ import soundfile
 from pipeline.audio import SAMPLE_RATE
 from pipeline.decoding import TokenTiming, Transcript, after_context, before_cut, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
-from pipeline.trim import (CONTEXT_SECONDS, JOIN_SILENCE, MAX_SAID_CHAIN, ONSET_LAG, Context, Continuation, Said,
-                           for_model, segments_in, trim_to_speech)
+from pipeline.decoding import transcript_from_runs
+from pipeline.segmenter import PartialDue
+from pipeline.trim import (CONTEXT_SECONDS, JOIN_SILENCE, MAX_SAID_CHAIN, ONSET_LAG, STREAM_START_LEAD, Context,
+                           Continuation, Said, for_model, segments_in, trim_to_speech)
 
 
 def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
@@ -83,6 +85,32 @@ def test_zeros_before_the_room_are_cut_even_when_the_vad_took_the_room_for_speec
         heard = for_model(segment, SegmenterOptions())
         assert (heard.audio_start == pytest.approx(start, abs=1 / SAMPLE_RATE)) is cut, quiet_seconds
         assert (heard is segment) is not cut
+
+
+def test_speech_from_the_streams_first_sample_is_heard_after_a_short_lead_of_zeros():
+    """A file cut tight or a microphone opened mid-word: the model hears STREAM_START_LEAD of zeros first
+    (where the demo model makes a third fewer errors); a segment with a lead of its own, or one that starts
+    later in the stream (the rest of a segment cut at its length limit), is heard as it is."""
+    speech = (np.random.default_rng(1).standard_normal(SAMPLE_RATE) * 0.1).astype(np.float32)
+    lead = round(STREAM_START_LEAD * SAMPLE_RATE)
+    options = SegmenterOptions()
+    for event in (SegmentFinished(0, 0.0, 1.0, speech, 0.0), PartialDue(0, 0.03, 1.0, speech, 0.0)):
+        heard = for_model(event, options)
+        assert heard.audio_start == -STREAM_START_LEAD and (heard.start, heard.end) == (event.start, event.end)
+        assert not heard.audio[:lead].any()
+        np.testing.assert_array_equal(heard.audio[lead:], speech)
+    later = SegmentFinished(3, 30.0, 31.0, speech, 30.0)
+    with_lead = SegmentFinished(0, 0.3, 1.0, np.concatenate([np.zeros(4800, np.float32), speech[4800:]]), 0.0)
+    assert for_model(later, options) is later and for_model(with_lead, options) is with_lead
+
+
+def test_no_word_starts_before_the_stream_does():
+    """Decoded with its first sample at -STREAM_START_LEAD, a word spiking in the model's first frames
+    starts at 0."""
+    transcript = transcript_from_runs(np.array([0, 1]), np.array([4, 9]), np.array([5, 10]), ["a", "b"],
+                                      prompt_frames=4, frame_seconds=0.06, offset=-STREAM_START_LEAD)
+    assert [(t.start, t.end) for t in transcript.tokens] == [(0.0, pytest.approx(0.03)),
+                                                             (pytest.approx(0.27), pytest.approx(0.33))]
 
 
 def test_segments_in_a_whole_buffer_are_what_an_upload_of_it_holds(demo_speech):

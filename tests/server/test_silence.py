@@ -141,6 +141,25 @@ async def test_word_times_start_at_the_speech(serve_test_server):
     assert stamps and stamps[0][0] >= funasr["start_time"] == round(speech_start * 1000)
 
 
+async def test_speech_from_the_first_sample_keeps_its_words_and_never_starts_before_it(serve_test_server):
+    """Files cut tight, their speech from the first sample: the upload and a live stream say each fixture's
+    words, and no word or segment starts before 0 (the model hears a short lead of zeros first:
+    trim.STREAM_START_LEAD)."""
+    entries = json.loads((DEMO / "transcripts.json").read_text())[:6]
+    async with serve_test_server(token=TOKEN) as url:
+        for entry in entries:
+            speech, _ = soundfile.read(DEMO / entry["audio"], dtype="float32")
+            tight = exact(speech[np.flatnonzero(np.abs(speech) > 0.01)[0]:])
+            verbose = await sdk(url).audio.transcriptions.create(
+                model="whisper-1", file=("a.wav", wav(tight)), response_format="verbose_json",
+                timestamp_granularities=["word", "segment"])
+            streamed = await stream(url, tight)
+            assert words(verbose.text) == words(entry["text"]), (entry, verbose.text)
+            assert words(" ".join(f.text for f in streamed.finals)) == words(entry["text"])
+            assert min([w.start for w in verbose.words] + [s.start for s in verbose.segments]) >= 0
+            assert all(t.start >= 0 for f in streamed.finals for t in f.tokens)
+
+
 async def stream(url: Any, audio: np.ndarray) -> Any:
     """`audio` through our own /v1/stream at once, then stop: the client stream, finals received."""
     async with connect(str(url), token=TOKEN, sample_rate=SAMPLE_RATE) as session:
