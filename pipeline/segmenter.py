@@ -52,6 +52,7 @@ class PartialDue:
     end: float  # the end of the audio received so far
     audio: np.ndarray = field(repr=False, compare=False)
     audio_start: float | None = None  # None: same as start
+    opens: bool = False  # its audio begins with the first sample the segmenter was fed: nothing before it
 
     def __post_init__(self) -> None:
         if self.audio_start is None:
@@ -68,6 +69,7 @@ class SegmentFinished:
     # A client's commit ended the segment inside its speech here, and the audio goes on past it only so that
     # the word the commit cut is heard whole: words that start after it are the next segment's (before_cut).
     cut: float | None = None
+    opens: bool = False  # its audio begins with the first sample the segmenter was fed: nothing before it
 
     def __post_init__(self) -> None:
         if self.audio_start is None:
@@ -110,6 +112,7 @@ class Segmenter:
         self._energy = np.zeros(self._max_frames, np.float32)
         self._pending = np.zeros(0, np.float32)  # < one frame of samples carried to the next feed
         self._frames = start_frame  # frames processed since the stream started
+        self._origin = start_frame  # the first frame fed: audio from there has nothing before it
         self._segment = first_segment  # number of the next announced segment
         self._open = False
         self._finished = False
@@ -269,6 +272,10 @@ class Segmenter:
             return first  # never steady, steady too briefly, or it fell quieter: not a noise lead
         return first + 1 + int(apart[0])
 
+    def _opens(self, local_frame: int) -> bool:
+        """Whether audio from the open segment's frame `local_frame` on begins with the first frame fed."""
+        return self._first_frame + local_frame == self._origin
+
     def _audio_begin(self, first: int, onset: int) -> int:
         """The first frame of audio to send: `pre_roll` before a moved onset, else where the audio starts."""
         return max(0, onset - self._pre_roll) if onset > first else 0
@@ -288,7 +295,8 @@ class Segmenter:
             if tail is not None and len(tail):  # stream ended mid-speech: keep the last few samples too
                 audio = np.concatenate([audio, tail])
                 end += samples_to_seconds(len(tail))
-            events.append(SegmentFinished(self._segment, self._time(onset), end, audio.copy(), self._time(begin)))
+            events.append(SegmentFinished(self._segment, self._time(onset), end, audio.copy(), self._time(begin),
+                                          opens=self._opens(begin)))
             self._segment += 1
         self._to_idle()
 
@@ -317,7 +325,8 @@ class Segmenter:
         onset = min(onset, head - 1)
         begin = self._audio_begin(first, onset)
         events.append(SegmentFinished(self._segment, self._time(onset), end,
-                                      self._audio[begin * VAD_FRAME: head * VAD_FRAME].copy(), self._time(begin)))
+                                      self._audio[begin * VAD_FRAME: head * VAD_FRAME].copy(), self._time(begin),
+                                      opens=self._opens(begin)))
         self._segment += 1
         # The rest becomes the next segment, with no overlap: it was heard once and is decoded once.
         rest = self._n - head
@@ -340,4 +349,4 @@ class Segmenter:
         first = max(self._audio_begin(voiced, onset), self._n - self._window_frames)
         audio = self._audio[first * VAD_FRAME: self._n * VAD_FRAME].copy()
         start = max(self._time(onset), self._time(first))
-        return PartialDue(self._segment, start, self._time(self._n), audio, self._time(first))
+        return PartialDue(self._segment, start, self._time(self._n), audio, self._time(first), self._opens(first))

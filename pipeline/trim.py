@@ -56,8 +56,8 @@ NOISE_LEAD, QUIET_BELOW_PEAK = 0.15, 20.0  # ... and so is a sound this long thi
 # Digital silence: zeros, or the +-1 LSB a resampler leaves of them (LiveKit's, 16 -> 24 kHz), resampled again.
 DIGITAL_SILENCE = 2 / 32768
 MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
-# Zeros the model hears before a segment that starts with the stream, its speech at the first sample (a file
-# cut tight, a microphone opened mid-word). Measured on the demo model, 200 held-out recordings whose speech
+# Zeros the model hears before a segment whose speech starts at the first sample of what was fed (a file cut
+# tight, a microphone opened mid-word, a client's commit of one utterance). Measured on the demo model, 200 held-out recordings whose speech
 # starts at their first sample, clean, pink and room noise (docs/benchmarks.md, issue 36, stop 39): the
 # errors depend on where the onset falls in the frontend's 60 ms frames: with 0, 15, 20, 30, 45, 60, 90,
 # 150 and 300 ms of zeros before it, 301, 242, 218, 196, 258, 346, 217, 216 and 304 errors in all (9 cells).
@@ -83,12 +83,26 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     sound = np.flatnonzero(np.abs(audio[:max(0, speech + round(FRAME_SECONDS * SAMPLE_RATE))]) > DIGITAL_SILENCE)
     if len(sound) and sound[0] > 0 and _room_after(audio, int(sound[0]), speech):
         audio, audio_start = audio[int(sound[0]):], audio_start + int(sound[0]) / SAMPLE_RATE
-    if audio_start <= 0 and event.start - audio_start < ONSET_LAG and len(audio):  # speech from the first sample
-        lead = np.zeros(int(round(STREAM_START_LEAD * SAMPLE_RATE)), np.float32)
-        audio, audio_start = np.concatenate([lead, audio]), audio_start - STREAM_START_LEAD
     if len(audio) == len(event.audio):
         return event
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))
+
+
+def prepared(event: Cut, options: SegmenterOptions,
+             continuation: Continuation | None = None) -> tuple[Cut, Context | None, Said | None]:
+    """What the model hears of a segment or partial, at every door: `for_model`'s audio; for a final that
+    continues the segment before it, that one's context first (`continuation`, whose Context and Said come
+    back); else, when the speech starts where the audio the segmenter was fed does, STREAM_START_LEAD of
+    zeros before it (after a context, zeros would split one utterance)."""
+    event = for_model(event, options)
+    context = said = None
+    if continuation is not None:
+        event, context, said = continuation.next(event)
+    if context is None and event.opens and event.start - event.audio_start < ONSET_LAG and len(event.audio):
+        lead = np.zeros(int(round(STREAM_START_LEAD * SAMPLE_RATE)), np.float32)
+        event = dataclasses.replace(event, audio=np.concatenate([lead, event.audio]),
+                                    audio_start=round(event.audio_start - STREAM_START_LEAD, 6))
+    return event, context, said
 
 
 def _room_after(audio: np.ndarray, first: int, speech: int) -> bool:

@@ -29,7 +29,7 @@ from pipeline.audio import AudioFormat, check_format
 from pipeline.errors import AudioFormatError, UnipadError
 from pipeline.segmenter import PartialDue, SegmentFinished, SpeechStarted
 from pipeline.stream import StreamSession
-from pipeline.trim import Continuation, for_model
+from pipeline.trim import Continuation, prepared
 
 from .deepgram_audio import MAX_WAV_HEADER, PcmDecoder, read_wav_header
 from .deepgram_http import hotword_graph
@@ -245,10 +245,8 @@ class DeepgramConnection(StreamConnection):
         self._submit(channel, e, FINAL, arrived=self._speech_end_arrival(e.end))
 
     def _submit(self, channel: _Channel, event: Any, kind: str, arrived: float = 0.0) -> None:
-        event = for_model(event, self.app.segmenter_options)
-        context = said = None
-        if kind == FINAL and channel.continuation is not None:
-            event, context, said = channel.continuation.next(event)
+        event, context, said = prepared(event, self.app.segmenter_options,
+                                        channel.continuation if kind == FINAL else None)
         job = Job(session=channel.worker_id, kind=kind, segment=event.segment, start=event.start, end=event.end,
                   audio_start=event.audio_start, audio=event.audio, arrived=arrived, context=context, said=said,
                   deliver=self._on_result, language=self.options.language, hotwords=self._hotwords)

@@ -27,7 +27,7 @@ from pipeline.audio import SAMPLE_RATE, AudioFormat
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
-from pipeline.trim import Continuation, for_model
+from pipeline.trim import Continuation, prepared
 
 from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, note_client_address, request_token, token_refusal
@@ -284,9 +284,7 @@ class FileTranscription:
     def _submit(self, event: SegmentFinished, language: str,
                 continuation: Continuation | None) -> asyncio.Future[Segment]:
         future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
-        event, context, said = for_model(event, self.app.segmenter_options), None, None
-        if continuation is not None:
-            event, context, said = continuation.next(event)
+        event, context, said = prepared(event, self.app.segmenter_options, continuation)
 
         def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
             if future.done():

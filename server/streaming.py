@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from pipeline.errors import AudioFormatError, AuthenticationError, ProtocolError, UnipadError
 from pipeline.segmenter import PartialDue, SegmentFinished
 from pipeline.stream import StreamSession
-from pipeline.trim import Continuation, for_model
+from pipeline.trim import Continuation, prepared
 
 from .http import client_address, token_matches
 from .logs import StreamLog
@@ -324,10 +324,8 @@ class StreamConnection:
         pass
 
     def _submit(self, event: PartialDue | SegmentFinished, kind: str, arrived: float = 0.0) -> None:
-        event = for_model(event, self.app.segmenter_options)  # the model's pre-roll, not a client's longer one
-        context = said = None
-        if kind == FINAL and self._continuation is not None:
-            event, context, said = self._continuation.next(event)
+        event, context, said = prepared(event, self.app.segmenter_options,
+                                        self._continuation if kind == FINAL else None)
         job = Job(session=self.id, kind=kind, segment=event.segment, start=event.start, end=event.end,
                   audio_start=event.audio_start, audio=event.audio, arrived=arrived, context=context, said=said,
                   cut=event.cut if isinstance(event, SegmentFinished) else None,

@@ -16,7 +16,7 @@ from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
 from pipeline.decoding import transcript_from_runs
 from pipeline.segmenter import PartialDue
 from pipeline.trim import (CONTEXT_SECONDS, JOIN_SILENCE, MAX_SAID_CHAIN, ONSET_LAG, STREAM_START_LEAD, Context,
-                           Continuation, Said, for_model, segments_in, trim_to_speech)
+                           Continuation, Said, for_model, prepared, segments_in, trim_to_speech)
 
 
 def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
@@ -87,21 +87,35 @@ def test_zeros_before_the_room_are_cut_even_when_the_vad_took_the_room_for_speec
         assert (heard is segment) is not cut
 
 
-def test_speech_from_the_streams_first_sample_is_heard_after_a_short_lead_of_zeros():
-    """A file cut tight or a microphone opened mid-word: the model hears STREAM_START_LEAD of zeros first
-    (where the demo model makes a third fewer errors); a segment with a lead of its own, or one that starts
-    later in the stream (the rest of a segment cut at its length limit), is heard as it is."""
-    speech = (np.random.default_rng(1).standard_normal(SAMPLE_RATE) * 0.1).astype(np.float32)
-    lead = round(STREAM_START_LEAD * SAMPLE_RATE)
+def test_speech_from_the_first_sample_fed_is_heard_after_a_short_lead_of_zeros(demo_speech):
+    """A file cut tight, a microphone opened mid-word, a commit of one utterance: the model hears
+    STREAM_START_LEAD of zeros first (where the demo model makes a third fewer errors); a segment with a lead
+    of its own, one that starts later in what was fed (the rest of a segment cut at its length limit), or a
+    final heard after the context of the one it continues (zeros would split the utterance) is heard as it is."""
+    speech = demo_speech.audio[np.flatnonzero(np.abs(demo_speech.audio) > 0.01)[0]:]
+    found = segments_in(speech, SegmenterOptions())
+    assert found[0].opens and not any(e.opens for e in found[1:])
     options = SegmenterOptions()
-    for event in (SegmentFinished(0, 0.0, 1.0, speech, 0.0), PartialDue(0, 0.03, 1.0, speech, 0.0)):
-        heard = for_model(event, options)
-        assert heard.audio_start == -STREAM_START_LEAD and (heard.start, heard.end) == (event.start, event.end)
-        assert not heard.audio[:lead].any()
-        np.testing.assert_array_equal(heard.audio[lead:], speech)
-    later = SegmentFinished(3, 30.0, 31.0, speech, 30.0)
-    with_lead = SegmentFinished(0, 0.3, 1.0, np.concatenate([np.zeros(4800, np.float32), speech[4800:]]), 0.0)
-    assert for_model(later, options) is later and for_model(with_lead, options) is with_lead
+    lead = round(STREAM_START_LEAD * SAMPLE_RATE)
+    tight = np.asarray(speech[:SAMPLE_RATE], np.float32)
+    for event in (SegmentFinished(0, 0.0, 1.0, tight, 0.0, opens=True),
+                  PartialDue(0, 5.03, 6.0, tight, 5.0, opens=True)):
+        heard, context, _ = prepared(event, options)
+        assert heard.audio_start == round(event.audio_start - STREAM_START_LEAD, 6) and context is None
+        assert (heard.start, heard.end) == (event.start, event.end) and not heard.audio[:lead].any()
+        np.testing.assert_array_equal(heard.audio[lead:], tight)
+    later = SegmentFinished(3, 30.0, 31.0, tight, 30.0)
+    with_lead = SegmentFinished(0, 0.3, 1.0, np.concatenate([np.zeros(4800, np.float32), tight[4800:]]), 0.0,
+                                opens=True)
+    assert prepared(later, options)[0] is later and prepared(with_lead, options)[0] is with_lead
+    continuation = Continuation(options)
+    first = SegmentFinished(0, 1.0, 2.0, np.concatenate([tight, tight[:6400]]), 0.7)  # its audio reaches 2.1 s
+    prepared(first, options, continuation)
+    after = SegmentFinished(1, 2.1, 3.0, tight, 2.1, opens=True)  # a commit right after: one utterance
+    joined, context, _ = prepared(after, options, continuation)
+    assert context is not None and joined.audio_start < after.audio_start
+    np.testing.assert_array_equal(joined.audio[-len(tight):], tight)  # the context, then the speech: no zeros
+    assert joined.audio[-len(tight) - lead:-len(tight)].any()
 
 
 def test_no_word_starts_before_the_stream_does():

@@ -142,14 +142,19 @@ async def test_word_times_start_at_the_speech(serve_test_server):
 
 
 async def test_speech_from_the_first_sample_keeps_its_words_and_never_starts_before_it(serve_test_server):
-    """Files cut tight, their speech from the first sample: the upload and a live stream say each fixture's
+    """Files cut tight, their speech from the first sample: the upload, a live stream and Realtime commits
+    (one session, each clip its own commit, its speech from the commit's first sample) say each fixture's
     words, and no word or segment starts before 0 (the model hears a short lead of zeros first:
     trim.STREAM_START_LEAD)."""
     entries = json.loads((DEMO / "transcripts.json").read_text())[:6]
+    tights = []
+    for entry in entries:
+        speech, _ = soundfile.read(DEMO / entry["audio"], dtype="float32")
+        tights.append(exact(speech[np.flatnonzero(np.abs(speech) > 0.01)[0]:]))
     async with serve_test_server(token=TOKEN) as url:
-        for entry in entries:
-            speech, _ = soundfile.read(DEMO / entry["audio"], dtype="float32")
-            tight = exact(speech[np.flatnonzero(np.abs(speech) > 0.01)[0]:])
+        committed = await realtime_commits(url, [np.concatenate([t, quiet(0.6, n)]) for n, t in enumerate(tights)])
+        assert [words(t) for t in committed] == [words(e["text"]) for e in entries]
+        for entry, tight in zip(entries, tights):
             verbose = await sdk(url).audio.transcriptions.create(
                 model="whisper-1", file=("a.wav", wav(tight)), response_format="verbose_json",
                 timestamp_granularities=["word", "segment"])
