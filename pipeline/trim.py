@@ -83,6 +83,12 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     sound = np.flatnonzero(np.abs(audio[:max(0, speech + round(FRAME_SECONDS * SAMPLE_RATE))]) > DIGITAL_SILENCE)
     if len(sound) and sound[0] > 0 and _room_after(audio, int(sound[0]), speech):
         audio, audio_start = audio[int(sound[0]):], audio_start + int(sound[0]) / SAMPLE_RATE
+    elif len(sound) and sound[0] > (keep := round(STREAM_START_LEAD * SAMPLE_RATE)):
+        # Zeros that end in the speech itself: the model hears STREAM_START_LEAD of them, where it does best,
+        # not the pre-roll's 0.3 s (the recordings of one stream after its gaps of zeros: 11 words more per
+        # 200 than their uploads).
+        cut = int(sound[0]) - keep
+        audio, audio_start = audio[cut:], audio_start + cut / SAMPLE_RATE
     if len(audio) == len(event.audio):
         return event
     return dataclasses.replace(event, audio=audio, audio_start=round(audio_start, 6))
@@ -99,9 +105,11 @@ def prepared(event: Cut, options: SegmenterOptions,
     if continuation is not None:
         event, context, said = continuation.next(event)
     if context is None and event.opens and event.start - event.audio_start < ONSET_LAG and len(event.audio):
-        lead = np.zeros(int(round(STREAM_START_LEAD * SAMPLE_RATE)), np.float32)
-        event = dataclasses.replace(event, audio=np.concatenate([lead, event.audio]),
-                                    audio_start=round(event.audio_start - STREAM_START_LEAD, 6))
+        sound = np.flatnonzero(np.abs(event.audio) > DIGITAL_SILENCE)
+        pad = round(STREAM_START_LEAD * SAMPLE_RATE) - (int(sound[0]) if len(sound) else len(event.audio))
+        if pad > 0:  # up to STREAM_START_LEAD of zeros before the first sound
+            event = dataclasses.replace(event, audio=np.concatenate([np.zeros(pad, np.float32), event.audio]),
+                                        audio_start=round(event.audio_start - pad / SAMPLE_RATE, 6))
     return event, context, said
 
 

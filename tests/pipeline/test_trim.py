@@ -34,25 +34,27 @@ def test_trim_to_speech_keeps_the_rolls_and_never_reaches_past_the_audio():
 
 
 def test_a_longer_client_pre_roll_is_cut_to_the_models(demo_speech):
-    """Realtime's prefix_padding_ms 600 gives segments 0.6 s before the speech; the model gets 0.3 s of it,
-    the very samples a segmenter with the default pre-roll cuts, with the speech times untouched."""
+    """Realtime's prefix_padding_ms 600 gives segments 0.6 s before the speech; the model hears what it hears
+    of a segmenter's with the default pre-roll (here, after digital silence, its last STREAM_START_LEAD),
+    with the speech times untouched."""
     audio = np.concatenate([np.zeros(2 * SAMPLE_RATE, np.float32), demo_speech.audio])
     model = SegmenterOptions(partial_interval=0.0)
     client = dataclasses.replace(model, pre_roll=0.6)
     for wide, usual in zip(segments(audio, client), segments(audio, model), strict=True):
-        trimmed = for_model(wide, model)
+        trimmed, heard = for_model(wide, model), for_model(usual, model)
         assert wide.audio_start == pytest.approx(wide.start - 0.6)
-        assert (trimmed.start, trimmed.end, trimmed.audio_start) == (usual.start, usual.end, usual.audio_start)
-        np.testing.assert_array_equal(trimmed.audio, usual.audio)
-        assert for_model(usual, model) is usual  # the segmenter's own segments are already what the model hears
+        assert (trimmed.start, trimmed.end) == (heard.start, heard.end)
+        assert trimmed.audio_start == pytest.approx(heard.audio_start, abs=2e-6)
+        np.testing.assert_array_equal(trimmed.audio, heard.audio)
+        assert for_model(heard, model) is heard  # what the model hears, cut again, is the same
 
 
 @pytest.mark.parametrize("noise_lead", [0.0, 0.05, 0.2, 0.3])
 def test_the_model_never_hears_digital_silence_that_ends_in_the_room(noise_lead):
     """A segment's pre-roll of digital silence, then room noise from `noise_lead` s before the speech (a muted
     microphone, a client's gap): the model hears the noise and the speech, not the step out of the zeros,
-    where it wrote a word ("oh", "back"); zeros right before the speech (less than ONSET_LAG: its own soft
-    onset) stay, as in every clean recording; noise all the way is kept whole."""
+    where it wrote a word ("oh", "back"); zeros that end at the speech or its soft onset (less than
+    ONSET_LAG before it) are heard for STREAM_START_LEAD only; noise all the way is kept whole."""
     rng = np.random.default_rng(0)
     start, zeros = 5.0, round((0.3 - noise_lead) * SAMPLE_RATE)
     noise = (rng.standard_normal(round(0.3 * SAMPLE_RATE)) * 0.003).astype(np.float32)
@@ -64,8 +66,10 @@ def test_the_model_never_hears_digital_silence_that_ends_in_the_room(noise_lead)
     if noise_lead > ONSET_LAG:
         assert heard.audio_start == pytest.approx(start - noise_lead, abs=1 / SAMPLE_RATE)
         assert np.array_equal(heard.audio, audio[zeros:])
-    else:
-        assert heard is segment
+    else:  # the last STREAM_START_LEAD of the zeros, then the sound
+        lead = round(STREAM_START_LEAD * SAMPLE_RATE)
+        assert heard.audio_start == pytest.approx(start - noise_lead - STREAM_START_LEAD, abs=1 / SAMPLE_RATE)
+        assert np.array_equal(heard.audio, audio[zeros - lead:])
     whole = SegmentFinished(0, start, start + 1.0, np.concatenate([noise, speech]), start - 0.3)
     assert for_model(whole, SegmenterOptions()) is whole
 
@@ -83,8 +87,8 @@ def test_zeros_before_the_room_are_cut_even_when_the_vad_took_the_room_for_speec
         audio = np.concatenate([zeros, quiet, speech])
         segment = SegmentFinished(0, start, start + 1.3, audio, start - 0.3)  # the VAD's start: at the step
         heard = for_model(segment, SegmenterOptions())
-        assert (heard.audio_start == pytest.approx(start, abs=1 / SAMPLE_RATE)) is cut, quiet_seconds
-        assert (heard is segment) is not cut
+        first_sound = start if cut else start - STREAM_START_LEAD  # the fricative keeps STREAM_START_LEAD of zeros
+        assert heard.audio_start == pytest.approx(first_sound, abs=1 / SAMPLE_RATE), quiet_seconds
 
 
 def test_speech_from_the_first_sample_fed_is_heard_after_a_short_lead_of_zeros(demo_speech):
