@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from pipeline.audio import SAMPLE_RATE
+from pipeline.audio import SAMPLE_RATE, samples_to_seconds
 from pipeline.batching import Clip, parse_batch_sizes
 from pipeline.engine import WARMUP_FILL, Engine
+from pipeline.engine_options import session_key
 from pipeline.planner import cost_table_document
 from server.costs import session_figures
 
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def shape_key(batch: int, size: int) -> str:
-    return f"{batch}x{size / SAMPLE_RATE:g}s"  # as engine.stats names sessions
+    return session_key(batch, samples_to_seconds(size))  # as engine.stats names sessions
 
 
 def batch_tasks(engine: Engine) -> tuple[list[tuple[str, str, Callable[[], Any]]], dict[str, Any]]:

@@ -72,10 +72,15 @@ class EngineStats:
         """Add what grew from `before` to `after` (pipeline/sessions.py footprint: time, resident bytes, device
         bytes) to the figures of the session of `batch` x `seconds` (0: the one for all shapes); its creation
         and its warm-up each add theirs."""
-        key = f"{batch}x{seconds:g}s" if seconds else "all shapes"
+        key = session_key(batch, seconds)
         for table, was, now in zip((self.session_seconds, self.session_rss, self.session_device), before, after):
             if was is not None and now is not None:
                 table[key] = table.get(key, 0) + now - was
+
+
+def session_key(batch: int, seconds: float) -> str:
+    """How EngineStats names the session of `batch` x `seconds` ("4x30s"; 0 s: the one for all shapes)."""
+    return f"{batch}x{seconds:g}s" if seconds else "all shapes"
 
 
 def choose_precision(requested: str, device: str, available: dict) -> str:

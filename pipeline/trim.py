@@ -57,8 +57,9 @@ NOISE_LEAD, QUIET_BELOW_PEAK = 0.15, 20.0  # ... and so is a sound this long thi
 DIGITAL_SILENCE = 2 / 32768
 MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each at least a VAD frame long)
 # Zeros the model hears before a segment whose speech starts at the first sample of what was fed (a file cut
-# tight, a microphone opened mid-word, a client's commit of one utterance). Measured on the demo model, 200 held-out recordings whose speech
-# starts at their first sample, clean, pink and room noise (docs/benchmarks.md, issue 36, stop 39): the
+# tight, a microphone opened mid-word, a client's commit of one utterance). Measured on the demo model, 200
+# held-out recordings whose speech starts at their first sample, clean, pink and room noise
+# (docs/benchmarks.md, issue 36, stop 39): the
 # errors depend on where the onset falls in the frontend's 60 ms frames: with 0, 15, 20, 30, 45, 60, 90,
 # 150 and 300 ms of zeros before it, 301, 242, 218, 196, 258, 346, 217, 216 and 304 errors in all (9 cells).
 STREAM_START_LEAD = 0.03
@@ -105,8 +106,9 @@ def prepared(event: Cut, options: SegmenterOptions,
     if continuation is not None:
         event, context, said = continuation.next(event)
     if context is None and event.opens and event.start - event.audio_start < ONSET_LAG and len(event.audio):
-        sound = np.flatnonzero(np.abs(event.audio) > DIGITAL_SILENCE)
-        pad = round(STREAM_START_LEAD * SAMPLE_RATE) - (int(sound[0]) if len(sound) else len(event.audio))
+        lead = round(STREAM_START_LEAD * SAMPLE_RATE)
+        sound = np.flatnonzero(np.abs(event.audio[:lead]) > DIGITAL_SILENCE)  # only a shorter lead is topped up
+        pad = lead - (int(sound[0]) if len(sound) else min(lead, len(event.audio)))
         if pad > 0:  # up to STREAM_START_LEAD of zeros before the first sound
             event = dataclasses.replace(event, audio=np.concatenate([np.zeros(pad, np.float32), event.audio]),
                                         audio_start=round(event.audio_start - pad / SAMPLE_RATE, 6))

@@ -25,6 +25,7 @@ import numpy as np
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import CALL_OVERHEAD_ROWS, Clip
 from pipeline.engine import WARMUP_FILL
+from pipeline.engine_options import session_key
 from pipeline.planner import CostTable, MeasuredCosts, Shape, cost_table_document, measured_table, modelled_table
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def measured_document(engine: Any, seconds: Mapping[Shape, float]) -> dict[str, 
 def session_figures(stats: Any, batch: int, size: int, device: str) -> dict[str, float]:
     """What the session of one shape took while it was created and warmed (pipeline/engine_options.py
     EngineStats): seconds, host memory, and device memory on a GPU (MiB)."""
-    key = f"{batch}x{samples_to_seconds(size):g}s"
+    key = session_key(batch, samples_to_seconds(size))
     figures = {}
     if key in stats.session_seconds:
         figures["build_seconds"] = round(stats.session_seconds[key], 2)
