@@ -91,6 +91,45 @@ def test_zeros_before_the_room_are_cut_even_when_the_vad_took_the_room_for_speec
         assert heard.audio_start == pytest.approx(first_sound, abs=1 / SAMPLE_RATE), quiet_seconds
 
 
+@pytest.mark.parametrize("noise_trail", [0.05, 0.15])
+def test_the_model_never_hears_digital_silence_after_the_room(noise_trail):
+    """The speech, then room noise for `noise_trail` s past the VAD's last voiced frame, then digital silence
+    (a client's zeros after a turn, a noise gate closing): the model hears the speech and the noise, not the
+    step into the zeros, where it wrote a word ("back", "four five"); zeros after a sound that ends less than
+    ONSET_LAG after the speech (a word's fading end) are kept; noise all the way is kept whole."""
+    rng = np.random.default_rng(2)
+    start, end = 5.0, 6.0
+    speech = (rng.standard_normal(SAMPLE_RATE) * 0.1).astype(np.float32)
+    noise = (rng.standard_normal(round(noise_trail * SAMPLE_RATE)) * 0.003).astype(np.float32)
+    zeros = round((0.2 - noise_trail) * SAMPLE_RATE)  # to the post-roll's end
+    dither = rng.integers(-1, 2, zeros).astype(np.float32) / 32768  # a resampler's +-1 LSB
+    audio = np.concatenate([speech, noise, dither])
+    heard = for_model(SegmentFinished(0, start, end, audio, start), SegmenterOptions())
+    if noise_trail > ONSET_LAG:
+        assert np.array_equal(heard.audio, audio[:len(speech) + len(noise)])
+    else:
+        assert np.array_equal(heard.audio, audio)
+    room = (rng.standard_normal(round(0.2 * SAMPLE_RATE)) * 0.003).astype(np.float32)
+    whole = SegmentFinished(0, start, end, np.concatenate([speech, room]), start)
+    assert for_model(whole, SegmenterOptions()) is whole
+
+
+def test_zeros_after_the_room_are_cut_even_when_the_vad_took_the_room_for_speech():
+    """webrtcvad hears babble as speech up to the zeros: the VAD's end is then the step itself. A sound that
+    stays 20 dB under the speech's peak for its last 0.15 s before the zeros is still the room, and the zeros
+    go; a word's fading end, as quiet but briefer, keeps them."""
+    rng = np.random.default_rng(3)
+    start = 5.0
+    speech = (rng.standard_normal(SAMPLE_RATE) * 0.1).astype(np.float32)
+    zeros = np.zeros(round(0.2 * SAMPLE_RATE), np.float32)
+    for quiet_seconds, cut in [(0.3, True), (0.08, False)]:
+        quiet = (rng.standard_normal(round(quiet_seconds * SAMPLE_RATE)) * 0.003).astype(np.float32)
+        audio = np.concatenate([speech, quiet, zeros])
+        step = start + 1.0 + quiet_seconds  # the VAD's end: at the step
+        heard = for_model(SegmentFinished(0, start, step, audio, start), SegmenterOptions())
+        assert len(heard.audio) == (len(audio) - len(zeros) if cut else len(audio)), quiet_seconds
+
+
 def test_speech_from_the_first_sample_fed_is_heard_after_a_short_lead_of_zeros(demo_speech):
     """A file cut tight, a microphone opened mid-word, a commit of one utterance: the model hears
     STREAM_START_LEAD of zeros first (where the demo model makes a third fewer errors); a segment with a lead

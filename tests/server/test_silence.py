@@ -165,6 +165,20 @@ async def test_speech_from_the_first_sample_keeps_its_words_and_never_starts_bef
             assert all(t.start >= 0 for f in streamed.finals for t in f.tokens)
 
 
+async def test_digital_silence_after_the_room_adds_no_word(serve_test_server):
+    """Two recordings in babble, each followed by 1 s of digital silence (tests/fixtures/demo/babble_turns.wav,
+    bench frameworks' own), in one stream and in one upload: webrtcvad hears the second one's babble as
+    speech up to the zeros, and the model, hearing the babble stop dead, said "five zero two oh" for "five
+    zero two". It now hears the room without the zeros after it (trim._room_before)."""
+    audio, _ = soundfile.read(DEMO / "babble_turns.wav", dtype="float32")
+    spoken = json.loads((DEMO / "babble_turns.json").read_text())["texts"]
+    async with serve_test_server(token=TOKEN) as url:
+        streamed = await stream(url, audio)
+        upload = await sdk(url).audio.transcriptions.create(model="whisper-1", file=("a.wav", wav(audio)))
+    assert [words(f.text) for f in streamed.finals] == [words(t) for t in spoken]
+    assert words(upload.text) == words(" ".join(spoken))
+
+
 async def stream(url: Any, audio: np.ndarray) -> Any:
     """`audio` through our own /v1/stream at once, then stop: the client stream, finals received."""
     async with connect(str(url), token=TOKEN, sample_rate=SAMPLE_RATE) as session:
