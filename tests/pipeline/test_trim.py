@@ -130,6 +130,23 @@ def test_zeros_after_the_room_are_cut_even_when_the_vad_took_the_room_for_speech
         assert len(heard.audio) == (len(audio) - len(zeros) if cut else len(audio)), quiet_seconds
 
 
+def test_zeros_after_loud_babble_are_cut_when_the_room_was_heard_before_the_speech():
+    """Babble at -40 dBFS is not 20 dB under the speech, and webrtcvad hears it as speech up to the zeros; but
+    a room heard before the speech (the pre-roll's sound) is the room after it too, and the zeros after it
+    go. Out of digital silence the same loud end keeps its zeros, as a word's end does in a clean recording."""
+    rng = np.random.default_rng(4)
+    start = 5.0
+    speech = (rng.standard_normal(SAMPLE_RATE) * 0.1).astype(np.float32)
+    loud = (rng.standard_normal(round(0.3 * SAMPLE_RATE)) * 0.03).astype(np.float32)  # 10 dB under the speech
+    zeros = np.zeros(round(0.2 * SAMPLE_RATE), np.float32)
+    room = (rng.standard_normal(round(0.3 * SAMPLE_RATE)) * 0.01).astype(np.float32)
+    for before, cut in [(room, True), (np.zeros_like(room), False)]:
+        audio = np.concatenate([before, speech, loud, zeros])
+        step = start + 1.3  # the VAD's end: at the step
+        heard = for_model(SegmentFinished(0, start, step, audio, start - 0.3), SegmenterOptions())
+        assert len(heard.audio) == (len(audio) - len(zeros) if cut else len(audio) - len(before) + 480), cut
+
+
 def test_speech_from_the_first_sample_fed_is_heard_after_a_short_lead_of_zeros(demo_speech):
     """A file cut tight, a microphone opened mid-word, a commit of one utterance: the model hears
     STREAM_START_LEAD of zeros first (where the demo model makes a third fewer errors); a segment with a lead
