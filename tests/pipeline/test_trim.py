@@ -140,11 +140,12 @@ def test_zeros_after_loud_babble_are_cut_when_the_room_was_heard_before_the_spee
     loud = (rng.standard_normal(round(0.3 * SAMPLE_RATE)) * 0.03).astype(np.float32)  # 10 dB under the speech
     zeros = np.zeros(round(0.2 * SAMPLE_RATE), np.float32)
     room = (rng.standard_normal(round(0.3 * SAMPLE_RATE)) * 0.01).astype(np.float32)
+    lead = round(STREAM_START_LEAD * SAMPLE_RATE)  # what is heard of zeros that end in the speech
     for before, cut in [(room, True), (np.zeros_like(room), False)]:
         audio = np.concatenate([before, speech, loud, zeros])
         step = start + 1.3  # the VAD's end: at the step
         heard = for_model(SegmentFinished(0, start, step, audio, start - 0.3), SegmenterOptions())
-        assert len(heard.audio) == (len(audio) - len(zeros) if cut else len(audio) - len(before) + 480), cut
+        assert len(heard.audio) == (len(audio) - len(zeros) if cut else len(audio) - len(before) + lead), cut
 
 
 def test_speech_from_the_first_sample_fed_is_heard_after_a_short_lead_of_zeros(demo_speech):
