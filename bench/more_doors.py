@@ -7,7 +7,9 @@
     funasr-2pass       the same in mode "2pass", the chunks at PACE x real time (the client paces 2pass by
                        the clock); the "2pass-offline" results' texts joined
     pipecat-file       pipecat's OpenAISTTService (a SegmentedSTTService: each turn its Silero VAD marks is
-                       uploaded to /v1/audio/transcriptions as a WAV) with its defaults
+                       uploaded to /v1/audio/transcriptions as a WAV) with its defaults, in real time (each
+                       upload goes out when its turn ends, which is how the server knows the pieces of one
+                       stream: server/upload_sequence.py; at PACE x real time every piece stands alone)
     pipecat-file-0.8   the same with the VAD's stop_secs 0.8 (VADParams(stop_secs=0.8)), as docs/openai.md
                        advises for this service: its default 0.2 cuts at pauses between words, and a word
                        that begins as the cut is confirmed loses its onset to the previous upload
@@ -31,6 +33,7 @@ from .framework_drivers import FRAME_MS, agents_chunks, agents_turns, pipecat_tr
 from .silence import TIMEOUT, pcm16
 
 DOORS = ("funasr-offline", "funasr-2pass", "pipecat-file", "pipecat-file-0.8", "livekit-recognize", "agents")
+REAL_TIME = 1.0  # the pace of the doors that upload pieces of one stream
 ADVISED_STOP_SECS = 0.8  # pipecat's Silero VAD for a service that uploads each turn (docs/openai.md)
 FUNASR_CHUNK = {"chunk_size": [5, 10, 5], "chunk_interval": 10}  # funasr_wss_client.py's defaults: 60 ms a chunk
 FUNASR_CHUNK_BYTES = SAMPLE_RATE * 60 // 1000 * 2
@@ -108,7 +111,7 @@ def drivers(port: int, funasr_port: int, audio: list[np.ndarray], frames: list[b
     another, with their gaps, as 20 ms PCM16 frames (bench/frameworks.py's frames())."""
     return {"funasr-offline": lambda: funasr_text(funasr_port, audio, "offline", pace),
             "funasr-2pass": lambda: funasr_text(funasr_port, audio, "2pass", pace),
-            "pipecat-file": lambda: pipecat_file_text(port, frames, pace, quiet),
-            "pipecat-file-0.8": lambda: pipecat_file_text(port, frames, pace, quiet, ADVISED_STOP_SECS),
+            "pipecat-file": lambda: pipecat_file_text(port, frames, REAL_TIME, quiet),
+            "pipecat-file-0.8": lambda: pipecat_file_text(port, frames, REAL_TIME, quiet, ADVISED_STOP_SECS),
             "livekit-recognize": lambda: livekit_recognize_text(port, audio),
             "agents": lambda: agents_text(port, frames, pace)}

@@ -165,10 +165,14 @@ def segments_in(audio: np.ndarray, options: SegmenterOptions, offset: float = 0.
     and speech going on at its end is a segment however short (Segmenter.finish)."""
     segmenter = Segmenter(dataclasses.replace(options, partial_interval=0.0))
     found = [e for e in segmenter.feed(audio) + segmenter.finish(cut) if isinstance(e, SegmentFinished)]
-    if not offset:
-        return found
-    return [dataclasses.replace(e, start=round(e.start + offset, 6), end=round(e.end + offset, 6),
-                                audio_start=round(e.audio_start + offset, 6)) for e in found]
+    return [shifted(e, offset) for e in found] if offset else found
+
+
+def shifted(event: SegmentFinished, offset: float) -> SegmentFinished:
+    """`event` with its times `offset` seconds later (on a stream's timeline)."""
+    return dataclasses.replace(event, start=round(event.start + offset, 6), end=round(event.end + offset, 6),
+                               audio_start=round(event.audio_start + offset, 6),
+                               cut=None if event.cut is None else round(event.cut + offset, 6))
 
 
 @dataclass
@@ -217,6 +221,21 @@ class Continuation:
     def forget(self) -> None:
         self.previous = None
         self._received = np.zeros(0, np.float32)
+
+    def tail(self) -> Continuation:
+        """A copy that keeps only what the next segment's context can reach (CONTEXT_SECONDS of the last
+        segment and of the audio received), for keeping between requests (server/upload_sequence.py)."""
+        kept = Continuation(self.options)
+        kept.said = self.said
+        keep = round(CONTEXT_SECONDS * SAMPLE_RATE)
+        if self.previous is not None:
+            drop = max(0, len(self.previous.audio) - keep)
+            kept.previous = dataclasses.replace(self.previous, audio=self.previous.audio[drop:].copy(),
+                                                audio_start=round(self.previous.audio_start + drop / SAMPLE_RATE, 6))
+        drop = max(0, len(self._received) - keep)
+        kept._received = self._received[drop:].copy()
+        kept._received_start = self._received_start + drop / SAMPLE_RATE
+        return kept
 
     def heard(self, audio: np.ndarray, audio_start: float) -> None:
         """The stream's audio from `audio_start` on, as received (a whole Realtime commit), so that the

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address of the Wyoming port; it has no authentication, so only a trusted network's")
     p.add_argument("--fetch-urls", action="store_true",
                    help="POST /v1/listen (Deepgram) may fetch audio from a JSON body's url (only where clients are trusted)")
+    p.add_argument("--join-uploads", action=argparse.BooleanOptionalAction, default=d.join_uploads,
+                   help="an upload sent as long after the same client's previous one as it lasts (a client's VAD cut "
+                        "both from one live stream, as pipecat's OpenAISTTService does) is heard after the end of it")
     p.add_argument("--hotwords", type=Path, default=None,
                    help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")

@@ -74,6 +74,9 @@ class ServerConfig:
     # POST /v1/listen may fetch the audio a JSON body's "url" names (Deepgram's); off: the server makes no
     # requests to addresses clients name (server/deepgram_http.py)
     fetch_urls: bool = False
+    # An upload that arrives from the same client as long after its previous one as its own sound lasts (a
+    # live client's VAD cut both from one stream) is heard after the end of that one (server/upload_sequence.py)
+    join_uploads: bool = True
     hotwords: Path | None = None  # server-wide hotwords, one a line (pipeline/hotwords.py read_hotwords_file)
     log_level: str = "info"
     log_format: str = "text"  # text, or json lines

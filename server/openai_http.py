@@ -17,9 +17,11 @@ import functools
 import json
 import logging
 import uuid
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator
 
 import h11
+import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
@@ -27,7 +29,7 @@ from pipeline.audio import SAMPLE_RATE, AudioFormat
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
-from pipeline.trim import Continuation, prepared
+from pipeline.trim import DIGITAL_SILENCE, Continuation, prepared, shifted
 
 from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, note_client_address, request_token, token_refusal
@@ -35,6 +37,7 @@ from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
 from .protocol import STREAM_PATH, Final, TokenTime
+from .upload_sequence import Upload
 from .worker import BATCH, Job
 
 if TYPE_CHECKING:
@@ -158,6 +161,10 @@ class FileTranscription:
         self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
         self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
         self.hotwords: Any = None  # the ContextGraph (Qwen3Context) its segments decode with; None: the server's
+        # The client (address, credentials, model, language) whose earlier upload this one may continue, and when
+        # it arrived (server/upload_sequence.py); None: it continues none (the Deepgram door, --no-join-uploads).
+        self.sequence_key: Hashable | None = None
+        self.arrival = 0.0
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -174,6 +181,10 @@ class FileTranscription:
                            code="request_timeout") from None
         form = parse_form(request.headers.get("Content-Type", ""), body)
         language = form.language or DEFAULT_LANGUAGE
+        if self.app.config.join_uploads:
+            self.arrival = asyncio.get_running_loop().time()
+            self.sequence_key = (client_address(self.exchange.connection), request.headers.get("Authorization"),
+                                 form.model, language)
         try:
             self.app.engine.language_id(language)
         except ProtocolError as exc:
@@ -253,36 +264,52 @@ class FileTranscription:
 
     async def _submit_segments(self, blocks: Iterator[Any], language: str, pending: asyncio.Queue[Any]) -> None:
         """Decode and segment the upload block by block (off the loop) and submit each segment,
-        FILE_JOBS_IN_FLIGHT at most at once; queue each one's future in order, then None."""
+        FILE_JOBS_IN_FLIGHT at most at once; queue each one's future in order, then None. An upload that
+        continues an earlier one (server/upload_sequence.py) is placed after it on its timeline."""
         try:
             options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
             session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
             # a cut at the segment length limit falls inside speech: hear the end of the one before
             continuation = Continuation(options) if self.app.engine.word_times else None
-            done = False
-            while not done:
-                events = await asyncio.to_thread(self._feed_block, blocks, session)
-                if events is None:
-                    events, done = session.finish(), True
-                for event in events:
-                    if isinstance(event, SegmentFinished):
-                        await self._slots.acquire()
-                        pending.put_nowait(self._submit(event, language, continuation))
+            block = await asyncio.to_thread(next, blocks, None)
+            following = None if block is None else await asyncio.to_thread(next, blocks, None)
+            offset, sound_end = 0.0, 0  # where the upload starts on its timeline; samples up to its last sound
+            if continuation is not None and self.sequence_key is not None and block is not None and following is None:
+                earlier = self.app.uploads.continued(self.sequence_key, self.arrival, _sound(block) / SAMPLE_RATE)
+                if earlier is not None:
+                    continuation, offset = earlier.continuation, earlier.end
+                    log.debug("an upload from %s continues the one before it", self.sequence_key[0])
+            while block is not None:
+                sound = _sound(block)
+                sound_end = self._samples + sound if sound else sound_end
+                events = await asyncio.to_thread(self._feed, block, session)
+                await self._submit_each(events, language, continuation, offset, pending)
+                block, following = following, (None if following is None else await asyncio.to_thread(next, blocks, None))
+            await self._submit_each(session.finish(), language, continuation, offset, pending)
+            if continuation is not None and self.sequence_key is not None:
+                self.app.uploads.keep(Upload(self.sequence_key, self.arrival, round(offset + sound_end / SAMPLE_RATE, 6),
+                                             continuation.tail()))
         except AudioFormatError as exc:  # found while decoding (a NaN sample)
             raise invalid_file(exc) from None
         finally:
             pending.put_nowait(None)
 
-    def _feed_block(self, blocks: Iterator[Any], session: StreamSession) -> list[Any] | None:
-        """The next block of the file through the segmenter (on a thread); None after the last."""
-        block = next(blocks, None)
-        if block is None:
-            return None
+    async def _submit_each(self, events: list[Any], language: str, continuation: Continuation | None, offset: float,
+                           pending: asyncio.Queue[Any]) -> None:
+        for event in events:
+            if isinstance(event, SegmentFinished):
+                await self._slots.acquire()
+                pending.put_nowait(self._submit(shifted(event, offset) if offset else event, language, continuation,
+                                                offset))
+
+    def _feed(self, block: np.ndarray, session: StreamSession) -> list[Any]:
+        """One block of the file through the segmenter (on a thread)."""
         self._samples += len(block)
         return session.feed(block.astype("<f4").tobytes())
 
-    def _submit(self, event: SegmentFinished, language: str,
-                continuation: Continuation | None) -> asyncio.Future[Segment]:
+    def _submit(self, event: SegmentFinished, language: str, continuation: Continuation | None,
+                offset: float = 0.0) -> asyncio.Future[Segment]:
+        """`event` on the upload's timeline (`offset` s from the upload's start); its answer in the upload's time."""
         future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
         event, context, said = prepared(event, self.app.segmenter_options, continuation)
 
@@ -293,11 +320,13 @@ class FileTranscription:
                 future.set_exception(ApiError(500, f"inference failed: {error}", type="server_error",
                                               code=error.code))
                 return
+            def back(t: float) -> float:  # the timeline's seconds -> the upload's
+                return round(t - offset, 6) if offset else t
             future.set_result((Final(  # the model's tokens, as a live stream's final has them
-                segment=job.segment, text=transcript.text, start=job.start, end=job.end,
+                segment=job.segment, text=transcript.text, start=back(job.start), end=back(job.end),
                 language=transcript.language, emotion=transcript.emotion, event=transcript.event,
-                tokens=[TokenTime(t.text, t.start, t.end) for t in transcript.tokens]),
-                [TokenTime(w.text, w.start, w.end) for w in transcript.words]))
+                tokens=[TokenTime(t.text, back(t.start), back(t.end)) for t in transcript.tokens]),
+                [TokenTime(w.text, back(w.start), back(w.end)) for w in transcript.words]))
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,
@@ -305,3 +334,10 @@ class FileTranscription:
                                    hotwords=self.hotwords or self.app.server_hotword_graph,
                                    context=context, said=said))
         return future
+
+
+def _sound(block: np.ndarray) -> int:
+    """Samples of `block` up to its last sound: a client's digital silence after it (pipecat appends 0.5 s
+    to each piece it uploads) is not part of the stream the pieces were cut from."""
+    sound = np.flatnonzero(np.abs(block) > DIGITAL_SILENCE)
+    return int(sound[-1]) + 1 if len(sound) else 0

@@ -37,6 +37,7 @@ from .logs import quiet_requests
 from .metrics import Metrics
 from .model_info import notice_line
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
+from .upload_sequence import UploadSequences
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Server:
         self.metrics = Metrics()
         self.auth_failures = AuthFailures(config.auth_max_failures, config.auth_cooldown)
         self.trusted_proxies = proxy_networks(config.forwarded_allow_ips)  # --forwarded-allow-ips
+        self.uploads = UploadSequences()  # uploads a later one from the same client may continue (--join-uploads)
         self.engine = engine
         self.model = read_model_directory(config.model)  # what /v1/model and the startup log describe
         self.segmenter_options = fit_segments(segmenter_options(config), self.model.manifest)

@@ -4,6 +4,7 @@ No transport: pipecat's own test harness (pipecat.tests.utils.run_test) pushes a
 services, and pipecat's Silero VAD (VADProcessor) marks the turns, as a transport's VAD would."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,19 @@ async def test_file_per_segment_service(serve_test_server, test_model_dir):
     assert len(texts) == 3 and all(t.strip() for t in texts), texts
     if expected_words(test_model_dir):
         assert words(" ".join(texts)) == expected_words(test_model_dir), texts
+
+
+async def test_file_service_in_real_time_says_what_was_spoken(serve_test_server, test_model_dir):
+    """OpenAISTTService with its defaults, in real time as a live pipeline runs it: pipecat's VAD (stop_secs
+    0.2) cuts the first of two held-out utterances in two and uploads each piece as it ends
+    (tests/fixtures/demo/pipecat_turns.wav). The server hears the second piece after the first
+    (server/upload_sequence.py), so the words are the ones spoken; decoded alone, the second piece was
+    "pause back start" (with --no-join-uploads it still is)."""
+    recording = DEMO / "pipecat_turns.wav"
+    spoken = json.loads(recording.with_suffix(".json").read_text())["texts"]
+    async with serve_test_server(token=TOKEN) as url:
+        service = OpenAISTTService(api_key=TOKEN, base_url=f"{url.http}/v1")
+        texts = await pipecat_transcripts(service, pcm_frames(recording), pace=1.0, quiet=2.0, start_timeout=10.0)
+    assert len(texts) > len(spoken), texts  # pipecat cut an utterance
+    if knows_words(test_model_dir):
+        assert words(" ".join(texts)) == words(" ".join(spoken)), texts

@@ -26,6 +26,7 @@ TRANSCRIPTION = "conversation.item.input_audio_transcription"
 LEAD, TRAIL = 2.0, 1.0  # seconds of silence added around each fixture
 LIVEKIT_VAD = {"type": "server_vad", "prefix_padding_ms": 600, "silence_duration_ms": 500, "threshold": 0.5}
 INTO_THE_WORD = 0.06  # seconds past a word's start (its CTC spike) where a commit falls
+PIECES = "gpt-4o-transcribe"  # the model the pieces of one live stream name (part of a client's key)
 
 
 def quiet(seconds: float, seed: int) -> np.ndarray:
@@ -248,6 +249,39 @@ async def test_a_commit_that_cuts_the_first_word_of_an_utterance_keeps_its_onset
     with the audio after it."""
     async with serve_test_server(token=TOKEN) as url:
         assert await commits_cut_inside_words(url, (0.03, 0.06, 0.09, 0.12, 0.15), wait=False, first_word=True) >= 15
+
+
+async def test_uploads_a_client_cut_from_one_live_stream_keep_their_words(serve_test_server):
+    """pipecat's OpenAISTTService uploads each turn its VAD marks (stop_secs 0.2: often between two words of
+    one utterance) as it ends, with 0.5 s of zeros appended. Each fixture uploaded in two such pieces, cut
+    between two words, the second sent as long after the first as its sound lasts: the second's transcript
+    is the spoken words after the first's (server/upload_sequence.py). Decoded alone, as every upload was
+    before, the demo model misheard some of the same second pieces. (Each cut's pieces, and each upload
+    that must stand alone, name a model of their own: the client's uploads follow each other much faster
+    than real time here, so by timing alone several of them could precede a piece.)"""
+    appended = np.zeros(SAMPLE_RATE // 2, np.float32)
+    alone_wrong = checked = 0
+    async with serve_test_server(token=TOKEN) as url:
+        for audio, text in padded_clips(2):
+            audio = audio[round((LEAD - 0.3) * SAMPLE_RATE):-round((TRAIL - 0.3) * SAMPLE_RATE)]
+            spoken = words(text)
+            upload = await upload_words(url, audio)
+            for before, after in zip(upload, upload[1:]):
+                at = round((before.end + after.start) / 2 * SAMPLE_RATE)
+                stream = f"{PIECES}-{checked}"
+                began = asyncio.get_running_loop().time()
+                first = await upload_text(url, np.concatenate([audio[:at], appended]), stream)
+                await asyncio.sleep(began + (len(audio) - at) / SAMPLE_RATE - asyncio.get_running_loop().time())
+                second = await upload_text(url, np.concatenate([audio[at:], appended]), stream)
+                assert words(second) == spoken[len(words(first)):], (text, first, second)
+                alone = await upload_text(url, np.concatenate([audio[at:], appended]), f"alone-{checked}")
+                alone_wrong += words(alone) != spoken[len(words(first)):]
+                checked += 1
+    assert checked >= 4 and alone_wrong >= 1
+
+
+async def upload_text(url: Any, audio: np.ndarray, model: str = "whisper-1") -> str:
+    return (await sdk(url).audio.transcriptions.create(model=model, file=("a.wav", wav(audio)))).text
 
 
 async def commits_cut_inside_words(url: Any, intos: tuple[float, ...], wait: bool, first_word: bool = False) -> int:
