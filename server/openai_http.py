@@ -5,8 +5,10 @@ count soundfile reads; never the whole file at once), cut by the same VAD
 (StreamSession, no partials) and decoded by the same worker as live streams, as BATCH jobs: after every
 waiting final, taking turns with partials (server/worker.py), at most FILE_JOBS_IN_FLIGHT at a time, so a
 long file neither starves live streams nor fills the queue. It counts as one session against
---max-sessions while it runs. The shapes live in server/openai_shapes.py; POST bodies reach us through
-server/http_body.py. Errors are OpenAI's error object with the status its clients expect.
+--max-sessions while it runs. An upload that continues the same client's previous one in real time (a live
+client's VAD cut both from one stream) is heard after the end of that one (server/upload_sequence.py).
+The shapes live in server/openai_shapes.py; POST bodies reach us through server/http_body.py. Errors are
+OpenAI's error object with the status its clients expect.
 """
 from __future__ import annotations
 
