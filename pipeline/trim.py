@@ -95,8 +95,7 @@ def for_model(event: Cut, options: SegmenterOptions) -> Cut:
     # that stops dead was as new to the model, which wrote a word there ("back", "four five": 200 recordings
     # in babble at -50 dBFS, one stream with 1 s of zeros between them, 45 errors against their uploads' 28;
     # at -40 dBFS each committed with 1 s of zeros after it, 103 against 90).
-    sound = np.flatnonzero(np.abs(audio) > DIGITAL_SILENCE)
-    last = int(sound[-1]) + 1 if len(sound) else len(audio)
+    last = sound_end(audio) or len(audio)
     speech, speech_end = (int(round((t - audio_start) * SAMPLE_RATE)) for t in (event.start, event.end))
     if last < len(audio) and _room_before(audio, last, speech, speech_end):
         audio = audio[:last]
@@ -123,6 +122,12 @@ def prepared(event: Cut, options: SegmenterOptions,
             event = dataclasses.replace(event, audio=np.concatenate([np.zeros(pad, np.float32), event.audio]),
                                         audio_start=round(event.audio_start - pad / SAMPLE_RATE, 6))
     return event, context, said
+
+
+def sound_end(audio: np.ndarray) -> int:
+    """Samples of `audio` up to its last sound, digital silence after it not counted (0: it has none)."""
+    sound = np.flatnonzero(np.abs(audio) > DIGITAL_SILENCE)
+    return int(sound[-1]) + 1 if len(sound) else 0
 
 
 def _room_after(audio: np.ndarray, first: int, speech: int) -> bool:

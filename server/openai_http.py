@@ -31,7 +31,7 @@ from pipeline.audio import SAMPLE_RATE, AudioFormat
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
 from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
-from pipeline.trim import DIGITAL_SILENCE, Continuation, prepared, shifted
+from pipeline.trim import Continuation, prepared, shifted, sound_end
 
 from .audio_file import audio_blocks, open_audio
 from .http import client_address, json_response, note_client_address, request_token, token_refusal
@@ -273,23 +273,27 @@ class FileTranscription:
             session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
             # a cut at the segment length limit falls inside speech: hear the end of the one before
             continuation = Continuation(options) if self.app.engine.word_times else None
+            joining = continuation is not None and self.sequence_key is not None
             block = await asyncio.to_thread(next, blocks, None)
             following = None if block is None else await asyncio.to_thread(next, blocks, None)
-            offset, sound_end = 0.0, 0  # where the upload starts on its timeline; samples up to its last sound
-            if continuation is not None and self.sequence_key is not None and block is not None and following is None:
-                earlier = self.app.uploads.continued(self.sequence_key, self.arrival, _sound(block) / SAMPLE_RATE)
-                if earlier is not None:
-                    continuation, offset = earlier.continuation, earlier.end
-                    log.debug("an upload from %s continues the one before it", self.sequence_key[0])
+            # Where the upload starts on its timeline, and its samples up to its last sound: a client's digital
+            # silence after it (pipecat appends 0.5 s to each piece) is not part of the stream it was cut from.
+            offset, sound = 0.0, 0
             while block is not None:
-                sound = _sound(block)
-                sound_end = self._samples + sound if sound else sound_end
+                if joining:
+                    block_sound = sound_end(block)
+                    sound = self._samples + block_sound if block_sound else sound
+                    if not self._samples and following is None:  # a whole upload in one block: its length is known
+                        earlier = self.app.uploads.continued(self.sequence_key, self.arrival, sound / SAMPLE_RATE)
+                        if earlier is not None:
+                            continuation, offset = earlier.continuation, earlier.end
+                            log.debug("an upload from %s continues the one before it", self.sequence_key[0])
                 events = await asyncio.to_thread(self._feed, block, session)
                 await self._submit_each(events, language, continuation, offset, pending)
                 block, following = following, (None if following is None else await asyncio.to_thread(next, blocks, None))
             await self._submit_each(session.finish(), language, continuation, offset, pending)
-            if continuation is not None and self.sequence_key is not None:
-                self.app.uploads.keep(Upload(self.sequence_key, self.arrival, round(offset + sound_end / SAMPLE_RATE, 6),
+            if joining:
+                self.app.uploads.keep(Upload(self.sequence_key, self.arrival, round(offset + sound / SAMPLE_RATE, 6),
                                              continuation.tail()))
         except AudioFormatError as exc:  # found while decoding (a NaN sample)
             raise invalid_file(exc) from None
@@ -322,6 +326,7 @@ class FileTranscription:
                 future.set_exception(ApiError(500, f"inference failed: {error}", type="server_error",
                                               code=error.code))
                 return
+
             def back(t: float) -> float:  # the timeline's seconds -> the upload's
                 return round(t - offset, 6) if offset else t
             future.set_result((Final(  # the model's tokens, as a live stream's final has them
@@ -336,10 +341,3 @@ class FileTranscription:
                                    hotwords=self.hotwords or self.app.server_hotword_graph,
                                    context=context, said=said))
         return future
-
-
-def _sound(block: np.ndarray) -> int:
-    """Samples of `block` up to its last sound: a client's digital silence after it (pipecat appends 0.5 s
-    to each piece it uploads) is not part of the stream the pieces were cut from."""
-    sound = np.flatnonzero(np.abs(block) > DIGITAL_SILENCE)
-    return int(sound[-1]) + 1 if len(sound) else 0

@@ -1,8 +1,11 @@
 """Which earlier upload a new one continues (server/upload_sequence.py): by client and by real-time timing."""
 from __future__ import annotations
 
+import numpy as np
+
+from pipeline.segmenter import SegmentFinished
 from pipeline.segmenter_options import SegmenterOptions
-from pipeline.trim import Continuation
+from pipeline.trim import CONTEXT_SECONDS, Continuation, prepared
 
 from server.upload_sequence import ARRIVAL_EARLY, ARRIVAL_LATE, KEPT_SECONDS, MAX_KEPT, Upload, UploadSequences
 
@@ -53,11 +56,6 @@ def test_old_uploads_are_forgotten_and_the_kept_ones_bounded():
 
 
 def test_what_is_kept_between_uploads_is_only_what_a_context_can_reach():
-    import numpy as np
-
-    from pipeline.segmenter import SegmentFinished
-    from pipeline.trim import CONTEXT_SECONDS, prepared
-
     options = SegmenterOptions()
     continuation = Continuation(options)
     audio = np.full(16000 * 20, 0.1, np.float32)
