@@ -11,8 +11,9 @@ first run and the median of later runs, and how far its output is from the conv2
 forms, one session of free shape run at each shape in turn (is a first run's cost per node, or per node
 and shape? if per node, one session per graph would warm a whole grid for the price of one):
 
-    conv2d   [B, T, D] -> [B, D, 1, T], Conv kernel [1, 11], back (what the export writes)
-    conv1d   [B, T, D] -> [B, D, T], Conv kernel [11], back
+    conv2d   [B, T, D] -> [B, D, 1, T], Conv kernel [1, 11], back (what fp32 and int8 graphs export)
+    conv1d   [B, T, D] -> [B, D, T], Conv kernel [11], back (what fp16 graphs export: docs/benchmarks.md,
+             "The second lease": a tenth of conv2d's first run on CUDA)
     taps     pad T by 5 each side, then 11 shifted slices, each times its tap's weights, summed
     gather   pad, Gather the [T, 11] windows ([B, T, 11, D]), times the weights, ReduceSum over the taps
 
@@ -118,7 +119,8 @@ def stack(form: str, layers: int, batch: int | str, frames: int | str, precision
     shape = [batch, frames, CHANNELS]
     graph = helper.make_graph(nodes, f"fsmn_{form}", [helper.make_tensor_value_info("x", dtype, shape)],
                               [helper.make_tensor_value_info(x, dtype, shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # IR 8: a newer onnx writes its own latest (14 on the lease's host), which onnxruntime-gpu 1.31 refuses
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model.SerializeToString()
 

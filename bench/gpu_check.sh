@@ -11,10 +11,10 @@
 # `lease` runs in one device call of at most LEASE_SECONDS (570) after the onnxruntime-gpu chunks are in
 # place (docs/benchmarks.md "A lease, step by step"): setup_device.sh, the fp16-only export, then in
 # priority order bench load on the ladder at 256, 400, 512 streams with the cost table its server measures,
-# the FSMN conv's four formulations, one 30 s segment with its profile, verify of Paraformer and Qwen3-ASR
-# fp16 on CUDA; each step bounded by its cap and by
+# the same with CUDA graphs, one 30 s segment with its profile, verify of Paraformer and Qwen3-ASR fp16 on
+# CUDA, the FSMN conv's four formulations; each step bounded by its cap and by
 # what is left of the lease; steps.tsv records each one's limit, exit status and seconds; `python -m bench
-# lease $OUT` prints the summary table at the end. Rehearse it on a CPU:
+# lease $OUT` prints the summary table at the end, and every log goes into $OUT/logs.tar.gz. Rehearse it on a CPU:
 #   SIZE=tiny DEVICE=cpu OUT=/tmp/lease-rehearsal bash bench/gpu_check.sh lease
 #
 # Each step exports the model first if /tmp/sv_full is missing (3-4 min), and writes its logs to $OUT
@@ -79,8 +79,13 @@ lease() {  # the `lease` mode: see the top of this file
     --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
     --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 150 \
     --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
-  # 2. why a CUDA session's first run is slow: the FSMN block's depthwise conv written four ways
-  run_step fsmn 90 fsmn.txt "$PY" -m bench fsmn --device "$DEVICE" --save "$OUT/fsmn.json"
+  # 2. the ladder with CUDA graphs and a batch of 64: the second lease found a call's 19-32 ms set by the
+  #    graph's node launches, not its arithmetic (docs/benchmarks.md), which one replayed graph per shape
+  #    saves, and 16 rows cost about as much as 1, so fewer, fuller calls serve more streams
+  run_step load-graph 200 load-graph.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
+    --containers "$ladder" --batch-sizes "${GRAPH_BATCHES:-1,4,16,64}" --cuda-graph --measure-costs --cost-table "$OUT/costs-graph.json" \
+    --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 120 \
+    --final-timeout 30 --server-log "$OUT/server-graph.txt" --save "$OUT/load-graph.json"
   # 3. one 30 s segment alone (the serving path, batch 1) and its ORT profile
   run_step segment30 60 segment30.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
     --skip exact,fixed --containers 30 --batch-sizes 1 --lengths 30 --repeats 20 --warmup 3 \
@@ -92,8 +97,14 @@ lease() {  # the `lease` mode: see the top of this file
   [ -f "$qw/manifest.json" ] || run_step export-qw 60 export-qw.txt "$PY" -m export qwen3-asr --random-init tiny \
     --container 8 --precision fp16 --out "$qw"
   run_step verify-qw 45 verify-qwen3.txt "$PY" -m export verify "$qw" --device "$DEVICE" --lengths 2,5,7.5
+  # 5. why a CUDA session's first run is slow: the FSMN block's depthwise conv written four ways
+  run_step fsmn 90 fsmn.txt "$PY" -m bench fsmn --device "$DEVICE" --save "$OUT/fsmn.json"
   echo "lease: $(($(date +%s) - began)) s of ${LEASE_SECONDS:-570}" | tee -a "$OUT/steps.txt"
   "$PY" -m bench lease "$OUT" | tee "$OUT/summary.txt"
+  # The device tool brings back 8 files of $OUT (the second lease lost server.txt, the ninth): every log in
+  # one archive, the summary and the two tables beside it
+  tar -czf /tmp/lease-logs.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -not -name summary.txt \
+    -not -name 'costs*.json' -not -name 'load*.json' -delete && mv /tmp/lease-logs.tar.gz "$OUT/logs.tar.gz"
 }
 
 case "${1:-}" in

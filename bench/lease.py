@@ -1,6 +1,7 @@
 """`python -m bench lease OUT`: the summary table of one GPU lease (bench/gpu_check.sh lease), from what it
 left in OUT: steps.tsv (each step's limit, exit status and seconds), costs.json (the cost table the load's
-server measured; model.json, a `bench model` one, where a lease made it), load.json (the ladder under load),
+server measured; model.json, a `bench model` one, where a lease made it), load.json (the ladder under load;
+load-graph.json, the same with CUDA graphs),
 fsmn.json (the FSMN conv's formulations), segment30.json (one 30 s segment and its profile) and verify-*.txt.
 Prints what was measured against the issue's targets; a step that did not finish shows as such.
 """
@@ -70,19 +71,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\nno cost table (costs.json and model.json missing or incomplete)")
     load = read_json(out / "load.json")
-    if load:
-        print(f"\nload on the ladder {load.get('containers')}, batch sizes {load.get('batch_sizes')}, costs from "
-              f"{load.get('cost_table') or 'the model'}; server ready in {load.get('server_ready_seconds')} s")
-        print(f"{'streams':>7} {'p95 s':>7} {'p50 s':>7} {'part/sp-s':>9} {'lost':>5} {'unwarmed':>8} {'CPU %':>6} {'pass':>5}")
-        for s in load.get("steps", []):
-            server = s.get("server", {})
-            print(f"{s['streams']:>7} {s['beyond_silence']['p95']!s:>7} {s['beyond_silence']['p50']!s:>7} "
-                  f"{s['partials_per_speech_second']!s:>9} {s['lost']:>5} {server.get('unwarmed_shape_calls', '-')!s:>8} "
-                  f"{server.get('cpu_mean', '-')!s:>6} {str(s['passed']):>5}")
-        if load.get("error") or load.get("stopped"):
-            print(f"  ({load.get('error') or load.get('stopped')})")
-    else:
-        print("\nno load result")
+    print_load(load, "")
+    if (out / "load-graph.json").exists():
+        print_load(read_json(out / "load-graph.json"), " with CUDA graphs")
     segment = read_json(out / "segment30.json")
     seconds = None
     if segment:
@@ -106,6 +97,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"verify {name}: " + ("no result" if figures is None else f"passed {figures.get('passed')}"))
     print("\ntargets:", ", ".join(targets(load, seconds)) or "none measured")
     return 0
+
+
+def print_load(load: dict | None, label: str) -> None:
+    if not load:
+        print(f"\nno load result{label}")
+        return
+    print(f"\nload{label} on the ladder {load.get('containers')}, batch sizes {load.get('batch_sizes')}, costs from "
+          f"{load.get('cost_table') or 'the model'}; server ready in {load.get('server_ready_seconds')} s")
+    print(f"{'streams':>7} {'p95 s':>7} {'p50 s':>7} {'part/sp-s':>9} {'lost':>5} {'unwarmed':>8} {'CPU %':>6} {'pass':>5}")
+    for s in load.get("steps", []):
+        server = s.get("server", {})
+        print(f"{s['streams']:>7} {s['beyond_silence']['p95']!s:>7} {s['beyond_silence']['p50']!s:>7} "
+              f"{s['partials_per_speech_second']!s:>9} {s['lost']:>5} {server.get('unwarmed_shape_calls', '-')!s:>8} "
+              f"{server.get('cpu_mean', '-')!s:>6} {str(s['passed']):>5}")
+    if load.get("error") or load.get("stopped"):
+        print(f"  ({load.get('error') or load.get('stopped')})")
 
 
 def targets(load: dict | None, segment: float | None) -> list[str]:

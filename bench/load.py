@@ -337,6 +337,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-log-level", default="warning", help="for the server we start (info: each "
                         "session's creation and warm-up, the costs it plans from)")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
+    parser.add_argument("--cuda-graph", action="store_true", help="for the server we start: CUDA graphs replayed")
     parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "
                         "the process listening on the port)")
     parser.add_argument("--server-log", type=Path, default=None, help="write the started server's log here")
@@ -353,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         "partial_interval": args.partial_interval, "partial_window": args.partial_window,
         "device": args.device, "batch_sizes": args.batch_sizes, "target_p95_beyond_silence": args.target,
         "precision": args.precision, "containers": args.containers, "threads": args.threads,
+        "cuda_graph": args.cuda_graph,
         "cost_table": None if args.cost_table is None else str(args.cost_table),
         "measure_costs": args.measure_costs, "final_timeout": args.final_timeout, "machine": machine(),
         "steps": [],

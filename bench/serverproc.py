@@ -59,8 +59,9 @@ class ServerProcess:
         for flag in ("device", "batch_sizes", "partial_window", "cost_table"):  # absent or None: the server's default
             if getattr(args, flag, None) is not None:
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        if getattr(args, "measure_costs", False):
-            command.append("--measure-costs")
+        for flag in ("measure_costs", "cuda_graph"):  # switches: on when asked
+            if getattr(args, flag, False):
+                command.append(f"--{flag.replace('_', '-')}")
         command += getattr(args, "options", ())
         # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
         self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()

@@ -23,9 +23,13 @@ batch check, Paraformer serves one clip per call). Bounds per precision:
            padding defect is far beyond it: without the attention mask, the tiny Paraformer emits other
            tokens (or another count) in the container than alone at 0.3, 1 and 5 s
            (tests/export/test_int8_agreement.py). docs/benchmarks.md, "fp32 padding bound at depth".
-    int8   same bounds for padding (bit-identical on the CPU); no batch check: int8 serves one clip per call
-           (its dynamic quantisation ranges span the batch)
-    fp16   5e-3 and cosine >= 0.99999 (a sanity check; fp16 rounds differently per shape)
+    int8   same bounds for padding (bit-identical on the CPU, and across token containers there); no batch
+           check: int8 serves one clip per call (its dynamic quantisation ranges span the batch)
+    fp16   5e-3 and cosine >= 0.99999 (a sanity check; fp16 rounds differently per shape). Paraformer's
+           decoder reads no token back, so a token its fp16 run picks otherwise in the container than
+           alone, with log-probs within that bound in both, is a near-tie that rounding broke, not a
+           padding defect: counted in "ties", not as tokens unequal (random weights are full of them: the
+           tiny model flipped one of 287 tokens at 29 s on the CPU, some at 5 and 10 s on CUDA)
 The in-graph decoding outputs, where present, must equal the host's argmax and top-k of the log-probs.
 
 Precisions against fp32 (issue 40): every other precision's answers alone on the same clips (the test
@@ -208,7 +212,7 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
         answer = stages.clip_output if paraformer else lambda clip: ctc_output(run_session(alone_session, clip, len(clip))[0])
         outputs[precision] |= {name: answer(clip) for name, clip in extra_clips.items()}
         report["precisions"][precision] = entry
-        entry["passed"] = _passed(precision, entry, model_blocks(directory.manifest.dimensions))
+        entry["passed"] = _passed(precision, entry, model_blocks(directory.manifest.dimensions), device)
     clips = {**test_clips(lengths), **extra_clips}
     if paraformer:
         from .verify_paraformer import AGREEMENT, reference_outputs
@@ -274,7 +278,7 @@ def scaled_err_bound(precision: str, blocks: int) -> float:
     return max(MAX_SCALED_ERR, SCALED_ERR_PER_BLOCK * blocks)
 
 
-def _passed(precision: str, entry: dict, blocks: int = 0) -> bool:
+def _passed(precision: str, entry: dict, blocks: int = 0, device: str = "cpu") -> bool:
     max_err, min_cos = scaled_err_bound(precision, blocks), FP16_MIN_COSINE if precision == "fp16" else MIN_COSINE
     entry["max_scaled_err_bound"] = max_err
     results = list(entry["lengths"].values())
@@ -282,7 +286,9 @@ def _passed(precision: str, entry: dict, blocks: int = 0) -> bool:
     return (
         all(r["max_scaled_err"] <= max_err and r["cosine"] >= min_cos and r["tokens_equal"] for r in checks)
         and all(r.get("decoding_outputs_equal", True) for r in results)
-        and (precision != "int8" or all(r.get("token_containers_identical", True) for r in results))
+        # bit-identical on the CPU, where one session serves every token container; on a GPU each token
+        # container is its own session with its own kernels (CUDA, H100: within 1.2e-6 of each other)
+        and (precision != "int8" or device != "cpu" or all(r.get("token_containers_identical", True) for r in results))
         and not entry["forbidden_ops"] and not entry["non_static_shapes"]
     )
 
@@ -328,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
         for label, r in entry["lengths"].items():
             print(f"[{precision}] {label} in {report['container_seconds']:g} s: max_abs_err {r['max_abs_err']:.3g} "
                   f"(scaled {r['max_scaled_err']:.3g}), cosine {r['cosine']:.9f}, tokens equal {r['tokens_equal']}"
+                  + (f" ({r['ties']} near-tie(s) turned)" if r.get("ties") else "")
                   + (f"; in a batch of {BATCH_ROWS}: scaled error {r['batch']['max_scaled_err']:.3g}, tokens equal "
                      f"{r['batch']['tokens_equal']}" if "batch" in r else "")
                   + (f"; decoding outputs equal {r['decoding_outputs_equal']}" if "decoding_outputs_equal" in r else "")

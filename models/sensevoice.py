@@ -87,12 +87,20 @@ def fsmn_memory(conv: nn.Conv1d, padding: tuple[int, int], x: torch.Tensor, mask
     the conv's own zero padding when it is symmetric: ONNX Runtime's CPU provider then runs it as one
     blocked (NCHWc) depthwise kernel and folds both permutes into its layout reorders. The 1-D conv
     between transposes ran 3-4x slower (a full-size Paraformer has 66 of these blocks). Same sums, same
-    weights (conv.weight [D, 1, K] gains a unit axis)."""
+    weights (conv.weight [D, 1, K] gains a unit axis).
+
+    fp16 graphs (the GPUs') keep the 1-D conv: on CUDA (H100, cuDNN 9) each 2-D conv of height 1 costs
+    about 300 ms on its first run at every shape, so a full-size SenseVoice session took 16-20 s to warm up
+    and a server's grid of 12 over 200 s; the 1-D conv's first run costs a tenth of that (`bench fsmn`,
+    docs/benchmarks.md "The second lease")."""
     left, right = padding
     if left != right:  # a shifted window: pad the time axis explicitly
         x_pad, left = nn.functional.pad(x, (0, 0, left, right)), 0
     else:
         x_pad = x
+    if x.dtype == torch.float16:
+        memory = nn.functional.conv1d(x_pad.transpose(1, 2), conv.weight, padding=left, groups=conv.groups)
+        return (memory.transpose(1, 2) + x) * mask
     # contiguous(): an identity in the graph; without it torch.export fails on the permuted strides
     image = x_pad.unsqueeze(1).permute(0, 3, 1, 2).contiguous()  # [B, D, 1, T]
     memory = nn.functional.conv2d(image, conv.weight.unsqueeze(2), padding=(0, left), groups=conv.groups)

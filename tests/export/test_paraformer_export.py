@@ -19,12 +19,12 @@ import soundfile
 import yaml
 
 from export.__main__ import main
-from export.verify_paraformer import Stages, decode, run_encoder
+from export.verify_paraformer import Stages, decode, near_ties, run_encoder
 from pipeline.audio import seconds_to_samples
 from pipeline.engine import Engine
 from pipeline.errors import ModelLoadError
 from pipeline.modeldir import read_model_directory
-from pipeline.paraformer_decoding import decode_paraformer
+from pipeline.paraformer_decoding import ParaformerOutput, decode_paraformer
 from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS
 from server.cli import main as cli_main
 
@@ -65,6 +65,20 @@ def test_verify_passes(paraformer_model_dir: Path, capsys: pytest.CaptureFixture
             served = [int(k) for k in result["token_containers"]]
             assert served == [k for k in DEFAULT_CPU_TOKEN_CONTAINERS[:17] + (134,) if k >= result["tokens"]]
             assert result["token_containers_identical"]
+
+
+def test_only_near_ties_may_turn_in_fp16() -> None:
+    """verify's fp16 rule: a token picked otherwise in the container than alone passes only when both picks'
+    log-probs lie within the bound (a near-tie that rounding broke); fp32 and int8 (bound 0) allow none."""
+    def output(ids, logprobs):
+        return ParaformerOutput(np.array(ids, np.int32), np.array(logprobs, np.float32), np.zeros(3), np.zeros(3))
+
+    alone = output([5, 7, 9], [-3.0, -3.2416, -2.0])
+    assert near_ties(alone, output([5, 7, 9], [-3.0, -3.2416, -2.0]), 0.0) == 0
+    assert near_ties(alone, output([5, 8, 9], [-3.0, -3.2423, -2.0]), 5e-3) == 1  # the tiny model's flip at 29 s
+    assert near_ties(alone, output([5, 8, 9], [-3.0, -3.2423, -2.0]), 0.0) is None
+    assert near_ties(alone, output([5, 8, 9], [-3.0, -3.4, -2.0]), 5e-3) is None  # a lead of 0.16: no tie
+    assert near_ties(alone, output([5, 7], [-3.0, -3.2416]), 5e-3) is None  # another count
 
 
 def test_fsmn_blocks_are_two_dimensional_depthwise_convs(paraformer_model_dir: Path) -> None:
