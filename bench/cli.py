@@ -1,4 +1,4 @@
-"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|vad|frameworks|report|fsmn|lease`. Exit codes: 0 ok, 1 failed or target
+"""The benchmark CLI: `python -m bench model|paraformer|qwen3|load|failover|train|silence|vad|frameworks|report|fsmn|streamcost|lease`. Exit codes: 0 ok, 1 failed or target
 missed where a command says so, 2 bad usage."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ COMMANDS = {
     "frameworks": (".frameworks", "WER per door with pipecat's and LiveKit's own clients beside upload and Realtime"),
     "report": (".report", "write docs/benchmarks.md sections and the latency plot from saved results"),
     "fsmn": (".fsmn", "first-run and steady seconds of the FSMN memory block written four ways (conv2d, conv1d, taps, gather)"),
+    "streamcost": (".streamcost", "CPU per stream-second of the sans-I/O pipeline a stream costs the event loop"),
     "lease": (".lease", "the summary table of a GPU lease's logs and results (bench/gpu_check.sh lease)"),
 }
 EXIT_FAILED = 1

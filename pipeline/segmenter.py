@@ -110,6 +110,7 @@ class Segmenter:
         self._audio = np.zeros(self._max_frames * VAD_FRAME, np.float32)
         self._voiced = np.zeros(self._max_frames, bool)
         self._energy = np.zeros(self._max_frames, np.float32)
+        self._voiced_count = 0  # of self._voiced[:self._n]
         self._pending = np.zeros(0, np.float32)  # < one frame of samples carried to the next feed
         self._frames = start_frame  # frames processed since the stream started
         self._origin = start_frame  # the first frame fed: audio from there has nothing before it
@@ -138,7 +139,8 @@ class Segmenter:
         if not len(frames):
             return []
         scores = self._vad.scores(frames)
-        energy = np.sqrt(np.mean(np.square(frames, dtype=np.float32), axis=1))
+        # np.mean's own sum and division, without its Python layer (a fifth of this method's time, per message)
+        energy = np.sqrt(np.add.reduce(np.square(frames, dtype=np.float32), axis=1) / VAD_FRAME)
         events: list[Event] = []
         self._partial_due = False
         for i in range(len(frames)):
@@ -217,6 +219,7 @@ class Segmenter:
 
     def _reset_segment_state(self) -> None:
         voiced = np.flatnonzero(self._voiced[: self._n])
+        self._voiced_count = len(voiced)  # kept by _append from here on (_maybe_confirm reads it every frame)
         self._silence = self._n - 1 - int(voiced[-1]) if len(voiced) else self._n
         self._last_partial = 0
         self._voiced_since_partial = len(voiced) > 0
@@ -224,11 +227,12 @@ class Segmenter:
     def _append(self, frame: np.ndarray, voiced: bool, energy: float) -> None:
         self._audio[self._n * VAD_FRAME:(self._n + 1) * VAD_FRAME] = frame
         self._voiced[self._n] = voiced
+        self._voiced_count += voiced
         self._energy[self._n] = energy
         self._n += 1
 
     def _maybe_confirm(self, events: list[Event]) -> None:
-        if int(self._voiced[: self._n].sum()) >= self._min_voiced:
+        if self._voiced_count >= self._min_voiced:
             self._confirm(events)
 
     def _confirm(self, events: list[Event]) -> None:

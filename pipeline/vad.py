@@ -51,8 +51,10 @@ class WebrtcVad:
         self._vad = webrtcvad.Vad(mode)
 
     def scores(self, frames: np.ndarray) -> np.ndarray:
-        pcm = np.clip(frames * 32768.0, -32768, 32767).astype("<i2")  # webrtcvad wants int16 bytes
-        return np.array([self._vad.is_speech(f.tobytes(), SAMPLE_RATE) for f in pcm], np.float32)
+        pcm = np.clip(frames * 32768.0, -32768, 32767).astype("<i2").tobytes()  # webrtcvad wants int16 bytes
+        size = 2 * frames.shape[1]
+        return np.array([self._vad.is_speech(pcm[i:i + size], SAMPLE_RATE) for i in range(0, len(pcm), size)],
+                        np.float32)
 
 
 @functools.cache

@@ -36,6 +36,7 @@ from .http import listening_urls, process_request
 from .logs import quiet_requests
 from .metrics import Metrics
 from .model_info import notice_line
+from .receiver import SHUTDOWN, Receiver
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .upload_sequence import UploadSequences
 from .worker import Worker
@@ -115,7 +116,8 @@ class Server:
         self.wyoming_port: int | None = None  # the Wyoming adapter's bound port, once listening (server/wyoming.py)
         self.listening = asyncio.Event()  # set once the port is bound
         self.stopped = asyncio.Event()  # set once shutdown has finished
-        self.shutting_down: asyncio.Future[None]  # done when shutdown begins; connections wait on it
+        self.shutting_down: asyncio.Future[None]  # done when shutdown begins
+        self.receiving: set[Receiver] = set()  # streams waiting for a message now: shutdown wakes them
         self.exit_code = EXIT_OK
         self._should_exit = asyncio.Event()
         self._force_exit = asyncio.Event()
@@ -291,6 +293,8 @@ class Server:
             log.info("shutting down: finishing %d stream(s)", len(self._handlers))
         if not self.shutting_down.done():
             self.shutting_down.set_result(None)
+        for receiver in list(self.receiving):
+            receiver.wake(SHUTDOWN)
         await self._wait(set(self._handlers), self.config.drain_timeout)
         for listener in self._listeners:
             listener.close()  # 1001 for whatever is still open

@@ -3,9 +3,9 @@ StreamSession and the worker.
 
     StreamConnection   base class of server/connection.py (Unipad protocol) and server/funasr.py (FunASR's):
                        lifecycle (admission, errors -> error message + close code, job cancellation),
-                       receiving (idle timeout, server shutdown, flood policy, token check), feeding audio,
-                       backpressure on finals, the worker's partial results, the ordered send loop with its
-                       send timeout, and the close that drains incoming frames.
+                       receiving (idle timeout and server shutdown in server/receiver.py, flood policy,
+                       token check), feeding audio, backpressure on finals, the worker's partial results, the
+                       ordered send loop with its send timeout, and the close that drains incoming frames.
     Outbox             the bounded, ordered queue of one connection's outgoing messages.
 The only place where UnipadError becomes a close code. Every failure stays inside its connection: the
 error message is sent first, then the close, and the session's waiting jobs are cancelled.
@@ -39,6 +39,7 @@ from .protocol import (
     CLOSE_UNSUPPORTED,
     MAX_TEXT_MESSAGE,
 )
+from .receiver import Receiver
 from .worker import FINAL, PARTIAL, Job
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ class StreamConnection:
         # (stream seconds received, monotonic time) after each audio message, for the latency metric
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
         self._sender: asyncio.Task[None] | None = None
+        self._receiver = Receiver(ws.recv, app.config.idle_timeout, app.shutting_down, app.receiving)
         self._messages = 0  # client messages received (the flood policy)
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -200,6 +202,7 @@ class StreamConnection:
             await self._close(CLOSE_INTERNAL, "internal_error",
                               self._error("internal_error", self.internal_message.format(type(exc).__name__)))
         finally:
+            self._receiver.close()
             self._release_jobs()
             if not self._sender.done():
                 self._sender.cancel()
@@ -244,17 +247,7 @@ class StreamConnection:
 
     async def _next_message(self) -> str | bytes | None:
         """The next client message; None when the server starts shutting down; ProtocolError when idle."""
-        recv = asyncio.ensure_future(self.ws.recv())
-        done, _ = await asyncio.wait(
-            {recv, self.app.shutting_down}, timeout=self.app.config.idle_timeout,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        if recv in done:
-            return recv.result()
-        recv.cancel()  # safe: websockets keeps the message for the next recv()
-        if self.app.shutting_down.done():
-            return None
-        raise ProtocolError(f"no message for {self.app.config.idle_timeout:g} s", code="idle_timeout")
+        return await self._receiver.next()
 
     def _check_flood(self, seconds: float) -> None:
         """Count one client message against FLOOD_BURST + FLOOD_RATE x `seconds` of audio received."""

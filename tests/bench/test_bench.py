@@ -141,6 +141,19 @@ def test_fsmn_bench_times_four_forms_that_agree(tmp_path: Path) -> None:
     assert bench("fsmn", "--forms", "conv3d")[0] == 2
 
 
+def test_streamcost_bench_costs_each_rate_and_stage(tmp_path: Path) -> None:
+    save = tmp_path / "streamcost.json"
+    code, last, err = bench("streamcost", "--streams", "2", "--seconds", "8", "--save", str(save))
+    assert code == 0, err
+    assert json.loads(save.read_text()) == last
+    assert [r["rate"] for r in last["rates"]] == [16000, 24000]
+    for row in last["rates"]:
+        assert row["jobs"] > 0 and row["stream_seconds"] >= 16  # partials and finals of two 8 s meetings
+        assert row["ms_per_stream_second"]["total"] > 0 and row["core_share_at_512"] > 0
+    code, _, err = bench("streamcost", "--streams", "0")
+    assert code == 2 and "--streams" in err
+
+
 def test_load_bench_unreachable_server_fails_clearly() -> None:
     code, result, err = bench("load", "--url", f"ws://127.0.0.1:{free_port()}/v1/stream", "--streams", "1")
     assert code == 1 and "unreachable" in err

@@ -15,13 +15,25 @@ from pipeline.decoding import TokenTiming, Transcript, after_context, before_cut
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
 from pipeline.decoding import transcript_from_runs
 from pipeline.segmenter import PartialDue
-from pipeline.trim import (CONTEXT_SECONDS, JOIN_SILENCE, MAX_SAID_CHAIN, ONSET_LAG, STREAM_START_LEAD, Context,
-                           Continuation, Said, for_model, prepared, segments_in, trim_to_speech)
+from pipeline.trim import (CONTEXT_SECONDS, DIGITAL_SILENCE, JOIN_SILENCE, MAX_SAID_CHAIN, ONSET_LAG, SOUND_SCAN_BLOCK,
+                           STREAM_START_LEAD, Context, Continuation, Said, for_model, prepared, segments_in, sound_end,
+                           trim_to_speech)
 
 
 def segments(audio: np.ndarray, options: SegmenterOptions) -> list[SegmentFinished]:
     segmenter = Segmenter(options)
     return [e for e in segmenter.feed(audio) + segmenter.finish() if isinstance(e, SegmentFinished)]
+
+
+@pytest.mark.parametrize("zeros", [0, 1, SOUND_SCAN_BLOCK - 1, SOUND_SCAN_BLOCK, 3 * SOUND_SCAN_BLOCK + 7, 10**6])
+def test_sound_end_is_the_last_sample_above_digital_silence(zeros):
+    """Scanned from the end a block at a time: the same answer as the whole buffer's last sound, wherever the
+    trailing digital silence ends (a block's edge, several blocks back, or no sound at all)."""
+    sound = np.random.default_rng(zeros).uniform(-0.5, 0.5, 3 * SOUND_SCAN_BLOCK).astype(np.float32)
+    sound[-5:] = DIGITAL_SILENCE / 2  # a resampler's +-1 LSB counts as silence too
+    audio = np.concatenate([sound, np.zeros(zeros, np.float32)])
+    assert sound_end(audio) == len(sound) - 5 == int(np.flatnonzero(np.abs(audio) > DIGITAL_SILENCE)[-1]) + 1
+    assert sound_end(np.zeros(zeros, np.float32)) == 0
 
 
 def test_trim_to_speech_keeps_the_rolls_and_never_reaches_past_the_audio():
