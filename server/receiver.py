@@ -50,8 +50,8 @@ class Receiver:
             if self._woken is None:  # not ours: the connection itself is being cancelled
                 raise
             uncancel = getattr(self._waiting, "uncancel", None)  # Python 3.11+: take back our one cancel
-            if uncancel is not None:
-                uncancel()
+            if uncancel is not None and uncancel() > 0:  # and someone else's, if any, still goes through
+                raise
             if self._woken == SHUTDOWN:
                 return None
             raise ProtocolError(f"no message for {self.idle:g} s", code="idle_timeout") from None

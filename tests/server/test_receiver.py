@@ -72,3 +72,16 @@ async def test_a_task_woken_for_idleness_can_still_time_out_later() -> None:
         async with asyncio.timeout(0.05):
             await asyncio.sleep(1)
     receiver.close()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling and uncancel are Python 3.11+")
+async def test_a_foreign_cancel_beside_the_wake_up_still_goes_through() -> None:
+    receiver, _, _, receiving = make(idle=60)
+    waiting = asyncio.ensure_future(receiver.next())
+    await asyncio.sleep(0.01)
+    receiver.wake(SHUTDOWN)
+    waiting.cancel()  # the connection cancelled in the same turn: that cancel is not taken back
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not receiving
+    receiver.close()
