@@ -72,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
         print("\nno cost table (costs.json and model.json missing or incomplete)")
     load = read_json(out / "load.json")
     print_load(load, "")
+    graph = read_json(out / "load-graph.json") if (out / "load-graph.json").exists() else None
     if (out / "load-graph.json").exists():
-        print_load(read_json(out / "load-graph.json"), " with CUDA graphs")
+        print_load(graph, " with CUDA graphs")
     segment = read_json(out / "segment30.json")
     seconds = None
     if segment:
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         figures = last_json(out / f"verify-{name}.txt")
         print(f"verify {name}: " + ("no result" if figures is None else f"passed {figures.get('passed')}"))
     print("\ntargets:", ", ".join(targets(load, seconds)) or "none measured")
+    if graph:
+        print("targets with CUDA graphs:", ", ".join(targets(graph, None)) or "none measured")
     return 0
 
 

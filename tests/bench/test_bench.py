@@ -125,7 +125,13 @@ def test_a_lease_summary_shows_the_table_the_load_benchs_server_measured(tiny_mo
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.split()[:2] in (["1", "4s"], ["4", "30s"])]
     assert len(rows) == 2 and all(float(r[2]) > 0 for r in rows), done.stdout  # call ms of each shape
-    assert "load on the ladder 4,30" in done.stdout
+    assert "load on the ladder 4,30" in done.stdout and "CUDA graphs" not in done.stdout
+    # The lease's second load (bench/gpu_check.sh load-graph) gets its own table and targets line
+    (tmp_path / "load-graph.json").write_text((tmp_path / "load.json").read_text())
+    done = subprocess.run([sys.executable, "-m", "bench", "lease", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert "load with CUDA graphs on the ladder 4,30" in done.stdout, done.stdout
+    assert "targets with CUDA graphs: finals lost 0" in done.stdout, done.stdout
 
 
 def test_fsmn_bench_times_four_forms_that_agree(tmp_path: Path) -> None:
