@@ -83,7 +83,8 @@ lease() {  # the `lease` mode: see the top of this file
   #    graph's node launches, not its arithmetic (docs/benchmarks.md), which one replayed graph per shape
   #    saves, and 16 rows cost about as much as 1, so fewer, fuller calls serve more streams
   run_step load-graph 200 load-graph.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
-    --containers "$ladder" --batch-sizes "${GRAPH_BATCHES:-1,4,16,64}" --cuda-graph --measure-costs --cost-table "$OUT/costs-graph.json" \
+    --containers "$ladder" --batch-sizes "${GRAPH_BATCHES:-1,4,16,64}" --cuda-graph --measure-costs \
+    --cost-table "$OUT/costs-graph.json" \
     --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 120 \
     --final-timeout 30 --server-log "$OUT/server-graph.txt" --save "$OUT/load-graph.json"
   # 3. one 30 s segment alone (the serving path, batch 1) and its ORT profile

@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         print("\nno cost table (costs.json and model.json missing or incomplete)")
     load = read_json(out / "load.json")
     print_load(load, "")
-    graph = read_json(out / "load-graph.json") if (out / "load-graph.json").exists() else None
-    if (out / "load-graph.json").exists():
+    graph = read_json(out / "load-graph.json")
+    if (out / "load-graph.json").exists():  # the step ran: said even when it left nothing readable
         print_load(graph, " with CUDA graphs")
     segment = read_json(out / "segment30.json")
     seconds = None
