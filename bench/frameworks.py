@@ -112,8 +112,8 @@ async def wyoming_text(port: int, audio: list[np.ndarray]) -> str:
     return " ".join(texts)
 
 
-def drivers(port: int, audio: list[np.ndarray], wyoming_port: int,
-            funasr_port: int) -> dict[str, Callable[[], Awaitable[str]]]:
+def drivers(port: int, audio: list[np.ndarray], wyoming_port: int, funasr_port: int,
+            file_pace: float = more_doors.REAL_TIME) -> dict[str, Callable[[], Awaitable[str]]]:
     """Per door of DOORS, what measures it: the joined text of the recordings."""
     async def uploads(recordings: list[np.ndarray], rate: int = SAMPLE_RATE) -> str:
         return " ".join([await upload_text(port, a, rate) for a in recordings])
@@ -131,14 +131,14 @@ def drivers(port: int, audio: list[np.ndarray], wyoming_port: int,
     for ms in PHASES_MS:
         lead = np.zeros(ms * SAMPLE_RATE // 1000, np.float32)
         out[f"upload-{ms}ms"] = lambda lead=lead: uploads([np.concatenate([lead, a]) for a in audio])
-    out |= more_doors.drivers(port, funasr_port, audio, frames(audio), PACE, QUIET)
+    out |= more_doors.drivers(port, funasr_port, audio, frames(audio), PACE, QUIET, file_pace)
     return out | deepgram.drivers(port, audio, GAP, PACE, QUIET)
 
 
 async def through_doors(port: int, audio: list[np.ndarray], wyoming_port: int, funasr_port: int,
-                        doors: tuple[str, ...] = DOORS) -> dict[str, str]:
+                        doors: tuple[str, ...] = DOORS, file_pace: float = more_doors.REAL_TIME) -> dict[str, str]:
     """The joined texts of the recordings at each of `doors`."""
-    measure = drivers(port, audio, wyoming_port, funasr_port)
+    measure = drivers(port, audio, wyoming_port, funasr_port, file_pace)
     return {door: await measure[door]() for door in doors}
 
 
@@ -154,6 +154,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--doors", default=",".join(DOORS),
                         help="the doors to measure, comma-separated (default: all); upload, the bar's reference, "
                              "always")
+    parser.add_argument("--file-pace", type=float, default=more_doors.REAL_TIME,
+                        help="times real time for the pipecat file doors (default: real time, as a live pipeline "
+                             "sends; faster, each piece stands alone, as every upload did before joining)")
     parser.set_defaults(utterances=40, silences="0.5")
 
 
@@ -161,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
     from export.synth import ROOM_NOISE_KINDS
 
     silences = tuple(float(s) for s in args.silences.split(","))
-    if args.utterances < 1 or any(s < 0 for s in silences):
-        raise ValueError("--utterances must be at least 1 and --silences at least 0")
+    if args.utterances < 1 or any(s < 0 for s in silences) or args.file_pace <= 0:
+        raise ValueError("--utterances must be at least 1, --silences at least 0 and --file-pace above 0")
     if "," in args.noises or args.noises not in ("none", *ROOM_NOISE_KINDS):
         raise ValueError(f"--noises: one noise at a time here (none, {', '.join(ROOM_NOISE_KINDS)})")
     asked = {d.strip() for d in args.doors.split(",") if d.strip()}
@@ -182,12 +185,14 @@ def run(args: argparse.Namespace) -> int:
     server = ServerProcess(server_args, max_sessions=4)
     result: dict[str, Any] = {"command": command_line(), "machine": machine(), "model": str(args.model),
                               "precision": args.precision, "utterances": args.utterances, "vad": args.vad,
-                              "noise": args.noises, "noise_level": args.noise_level, "wer": {}}
+                              "noise": args.noises, "noise_level": args.noise_level, "file_pace": args.file_pace,
+                              "wer": {}}
     try:
         asyncio.run(server.wait_ready(300))
         for lead in silences:
             say(f"silence {lead:g} s: {', '.join(doors)}")
-            hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port, funasr_port, doors))
+            hypotheses = asyncio.run(through_doors(server.port, audio[lead], wyoming_port, funasr_port, doors,
+                                                   args.file_pace))
             result["wer"][silence.row_key(args.noises, lead)] = {door: wer(" ".join(texts), hypotheses[door])
                                                                  for door in doors}
         if set(doors) & set(deepgram.DOORS):

@@ -9,7 +9,8 @@
     pipecat-file       pipecat's OpenAISTTService (a SegmentedSTTService: each turn its Silero VAD marks is
                        uploaded to /v1/audio/transcriptions as a WAV) with its defaults, in real time (each
                        upload goes out when its turn ends, which is how the server knows the pieces of one
-                       stream: server/upload_sequence.py; at PACE x real time every piece stands alone)
+                       stream: server/upload_sequence.py; faster, `bench frameworks --file-pace`, every
+                       piece stands alone)
     pipecat-file-0.8   the same with the VAD's stop_secs 0.8 (VADParams(stop_secs=0.8)), as docs/openai.md
                        advises for this service: its default 0.2 cuts at pauses between words, and a word
                        that begins as the cut is confirmed loses its onset to the previous upload
@@ -106,12 +107,13 @@ async def agents_text(port: int, frames: list[bytes], pace: float) -> str:
 
 
 def drivers(port: int, funasr_port: int, audio: list[np.ndarray], frames: list[bytes], pace: float,
-            quiet: float) -> dict[str, Callable[[], Awaitable[str]]]:
+            quiet: float, file_pace: float = REAL_TIME) -> dict[str, Callable[[], Awaitable[str]]]:
     """Per door of DOORS, what measures it: the joined text of the recordings; `frames`: them one after
-    another, with their gaps, as 20 ms PCM16 frames (bench/frameworks.py's frames())."""
+    another, with their gaps, as 20 ms PCM16 frames (bench/frameworks.py's frames()); `file_pace`: the
+    pipecat file doors' (faster than real time, each piece stands alone)."""
     return {"funasr-offline": lambda: funasr_text(funasr_port, audio, "offline", pace),
             "funasr-2pass": lambda: funasr_text(funasr_port, audio, "2pass", pace),
-            "pipecat-file": lambda: pipecat_file_text(port, frames, REAL_TIME, quiet),
-            "pipecat-file-0.8": lambda: pipecat_file_text(port, frames, REAL_TIME, quiet, ADVISED_STOP_SECS),
+            "pipecat-file": lambda: pipecat_file_text(port, frames, file_pace, quiet),
+            "pipecat-file-0.8": lambda: pipecat_file_text(port, frames, file_pace, quiet, ADVISED_STOP_SECS),
             "livekit-recognize": lambda: livekit_recognize_text(port, audio),
             "agents": lambda: agents_text(port, frames, pace)}
