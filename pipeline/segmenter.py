@@ -79,6 +79,11 @@ class SegmentFinished:
 Event = Union[SpeechStarted, PartialDue, SegmentFinished]
 
 
+def level_dbfs(energy: np.ndarray) -> np.ndarray:
+    """Frames' RMS energies in dBFS; digital zeros at -100."""
+    return 20 * np.log10(np.maximum(energy, 1e-5))
+
+
 def frame_count(seconds: float) -> int:
     """Whole VAD frames that cover `seconds` (rounded up, with a little slack for float error)."""
     return math.ceil(seconds / FRAME_SECONDS - 1e-9)
@@ -106,6 +111,7 @@ class Segmenter:
         self._window_frames = min(int(options.partial_window / FRAME_SECONDS + 1e-9), self._max_frames)  # at most
         # Idle: (frame index, samples, voiced, energy) of the latest frames, for the trigger and the pre-roll.
         self._ring: collections.deque = collections.deque(maxlen=options.start_window + self._pre_roll)
+        self._ring_voiced = 0  # voiced frames among the ring's last start_window (the trigger, kept per frame)
         # The open segment, preallocated once: its samples, per-frame voiced flags and RMS energies.
         self._audio = np.zeros(self._max_frames * VAD_FRAME, np.float32)
         self._voiced = np.zeros(self._max_frames, bool)
@@ -169,6 +175,7 @@ class Segmenter:
             self._close(events, tail=tail if speaking else None)
         self._pending = np.zeros(0, np.float32)
         self._ring.clear()
+        self._ring_voiced = 0
         return events
 
     # -- per frame ---------------------------------------------------------------------------------------
@@ -177,9 +184,12 @@ class Segmenter:
         index = self._frames
         self._frames += 1
         if not self._open:
+            window = self.options.start_window
+            if len(self._ring) >= window:  # the frame that leaves the window
+                self._ring_voiced -= self._ring[-window][2]
             self._ring.append((index, frame, voiced, energy))
-            recent = list(self._ring)[-self.options.start_window:]
-            if sum(v for _, _, v, _ in recent) >= self.options.start_frames:
+            self._ring_voiced += voiced
+            if self._ring_voiced >= self.options.start_frames:
                 self._open_from_ring()
                 self._maybe_confirm(events)
             return
@@ -214,6 +224,7 @@ class Segmenter:
         for _, frame, voiced, energy in ring[begin:]:
             self._append(frame, voiced, energy)
         self._ring.clear()
+        self._ring_voiced = 0
         self._open = True
         self._reset_segment_state()
 
@@ -223,6 +234,8 @@ class Segmenter:
         self._silence = self._n - 1 - int(voiced[-1]) if len(voiced) else self._n
         self._last_partial = 0
         self._voiced_since_partial = len(voiced) > 0
+        self._lead_scan: tuple[int, float | None, int] | None = None  # _after_steady_lead's progress
+        self._lead_onset: int | None = None  # ... and its answer, once one frame stood apart from the lead
 
     def _append(self, frame: np.ndarray, voiced: bool, energy: float) -> None:
         self._audio[self._n * VAD_FRAME:(self._n + 1) * VAD_FRAME] = frame
@@ -265,16 +278,28 @@ class Segmenter:
     def _after_steady_lead(self, first: int) -> int:
         if not self.options.steady_lead_db:
             return first
+        # An open segment's frames are only ever appended, so the scan goes on from where the last call left
+        # it, and its first frame apart from the lead decides for good: each partial would otherwise redo the
+        # whole segment (a tenth of the sans-I/O path, bench streamcost).
+        if self._lead_scan is None or self._lead_scan[0] != first:  # a segment cut at the limit found its speech
+            self._lead_scan, self._lead_onset = (first, None, first + 1), None
+        if self._lead_onset is not None:
+            return self._lead_onset
+        _, reference, at = self._lead_scan  # at: the next frame to look at
         # The lead's level from the frames after the first (which may straddle the start of the noise).
-        level = 20 * np.log10(np.maximum(self._energy[first: self._n], 1e-5))  # dBFS, digital zeros at -100
-        lead = level[1: 1 + self._steady_frames]
-        if len(lead) < self._steady_frames:
-            return first
-        reference = float(np.median(lead))
-        apart = np.flatnonzero(np.abs(level[1:] - reference) > self.options.steady_lead_db)
-        if not len(apart) or apart[0] < self._steady_frames or level[1 + apart[0]] < reference:
-            return first  # never steady, steady too briefly, or it fell quieter: not a noise lead
-        return first + 1 + int(apart[0])
+        if reference is None:
+            if self._n - at < self._steady_frames:
+                return first
+            reference = float(np.median(level_dbfs(self._energy[at: at + self._steady_frames])))
+        level = level_dbfs(self._energy[at: self._n])
+        apart = np.flatnonzero(np.abs(level - reference) > self.options.steady_lead_db)
+        self._lead_scan = (first, reference, self._n)
+        if not len(apart):
+            return first  # steady so far
+        step = at + int(apart[0])
+        # steady too briefly, or it fell quieter: not a noise lead
+        self._lead_onset = first if step - first - 1 < self._steady_frames or level[apart[0]] < reference else step
+        return self._lead_onset
 
     def _opens(self, local_frame: int) -> bool:
         """Whether audio from the open segment's frame `local_frame` on begins with the first frame fed."""
@@ -310,6 +335,7 @@ class Segmenter:
         for k in range(start, self._n):
             frame = self._audio[k * VAD_FRAME:(k + 1) * VAD_FRAME].copy()
             self._ring.append((self._first_frame + k, frame, False, float(self._energy[k])))
+        self._ring_voiced = sum(v for _, _, v, _ in list(self._ring)[-self.options.start_window:])
         self._open = False
         self._partial_due = False  # a tick owed to this segment is not owed to the next one
 

@@ -147,6 +147,27 @@ def test_steady_noise_after_digital_silence_is_not_the_start_of_speech(speech, d
     assert next(s for s in finals(unruled) if s.end > second).start < second + 0.1
 
 
+@pytest.mark.parametrize("dbfs", [-45.0, -40.0])
+def test_partials_never_move_where_a_segment_starts(speech, dbfs):
+    # Where speech starts after a steady lead is worked out a little more at each partial (the scan goes on
+    # from where the last one stopped), so a segment must come out the same with partials every frame or
+    # none: a muted gap then white noise, and brown noise stepping up from digital zeros, cut at the limit too.
+    white, _ = noise_after_a_muted_gap(speech, dbfs)
+    brown = np.cumsum(np.random.default_rng(6).standard_normal(len(speech.audio) + SAMPLE_RATE)).astype(np.float32)
+    brown *= 10 ** (dbfs / 20) / np.sqrt(np.mean(np.square(brown)))
+    brown[len(speech.audio) // 2:][:SAMPLE_RATE] = 0  # digital silence in the middle, then the noise again
+    brown = np.concatenate([silence(0.5), brown[:SAMPLE_RATE], speech.audio + brown[SAMPLE_RATE:]])
+    for stream in (white, brown):
+        for limit in (30.0, 4.0):
+            options = SegmenterOptions(max_segment_seconds=limit, cut_search=1.0)
+            quiet = finals(run(stream, dataclasses.replace(options, partial_interval=0.0)))
+            busy = run(stream, dataclasses.replace(options, partial_interval=0.03), chunk=480)
+            assert len([e for e in busy if isinstance(e, PartialDue)]) > 50
+            assert [(s.start, s.end, s.audio_start) for s in finals(busy)] == [(s.start, s.end, s.audio_start)
+                                                                            for s in quiet]
+            assert all(np.array_equal(a.audio, b.audio) for a, b in zip(finals(busy), quiet))
+
+
 @pytest.mark.parametrize("limit", [30.0, 7.0])
 def test_long_speech_is_cut_below_the_limit_without_losing_audio(speech, limit):
     audio = long_speech(speech, 45.0)
