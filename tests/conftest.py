@@ -92,8 +92,8 @@ def _serve_test_server_fixture(test_model_dir: Path) -> Any:
 
 
 # ---- exports every test may share ------------------------------------------------------------------------
-# `.ci/run` spreads the test files over two processes (pytest-xdist); each export below is written once per
-# run, by whichever process asks first, in the run's own temporary root, while the other waits for it.
+# `.ci/run` spreads the test files over three processes (pytest-xdist); each export below is written once per
+# run, by whichever process asks first, in the run's own temporary root, while the others wait for it.
 
 def exported_once(tmp_path_factory: pytest.TempPathFactory, name: str, export: Callable[[Path], None]) -> Path:
     """`export(out)` once per test run, whatever the number of worker processes; returns `out`."""
