@@ -335,7 +335,7 @@ class Segmenter:
         for k in range(start, self._n):
             frame = self._audio[k * VAD_FRAME:(k + 1) * VAD_FRAME].copy()
             self._ring.append((self._first_frame + k, frame, False, float(self._energy[k])))
-        self._ring_voiced = sum(v for _, _, v, _ in list(self._ring)[-self.options.start_window:])
+        self._ring_voiced = 0  # the ring was emptied when the segment opened, and these frames never count
         self._open = False
         self._partial_due = False  # a tick owed to this segment is not owed to the next one
 
