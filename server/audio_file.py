@@ -18,6 +18,10 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError
 
 BLOCK_SECONDS = 10  # decoded at a time
+# A file's rate is only its header's word, and a low one multiplies what the server must hold and hear: a
+# 64 KB WAV that says 1 Hz is 9 hours at 16 kHz, and decoded whole it was 2 GB. No speech fits under 4 kHz
+# (2 kHz of bandwidth), so a file below it is refused: at most 4 samples heard per sample sent.
+MIN_FILE_RATE = 4000
 
 
 def open_audio(data: bytes, name: str) -> Any:
@@ -30,8 +34,11 @@ def open_audio(data: bytes, name: str) -> Any:
         reason = getattr(exc, "error_string", None) or exc  # libsndfile's own words, not "Error opening <BytesIO>"
         raise AudioFormatError(f"Cannot decode the {name} file ({len(data)} bytes): {reason}",
                                wav_format=name) from None
+    if file.samplerate < MIN_FILE_RATE:
+        raise AudioFormatError(f"The {name} file's sample rate is {file.samplerate} Hz; files below {MIN_FILE_RATE} "
+                               "Hz are refused (no speech fits there)", wav_format=name)
     if file.frames == 0:
-        raise AudioFormatError(f"The {name} file contains no samples.", wav_format=name)
+        raise no_samples(name)
     return file
 
 
@@ -72,9 +79,6 @@ def audio_blocks(file: Any, name: str, seconds: float = BLOCK_SECONDS) -> Iterat
     return mono_blocks(file.samplerate, file_blocks(file, seconds), name=name)
 
 
-def decode_file(data: bytes, name: str) -> np.ndarray:
-    """The whole file at once: float32 [n] in [-1, 1] at SAMPLE_RATE."""
-    blocks = list(audio_blocks(open_audio(data, name), name))
-    if not blocks:  # a header promising frames that are not there
-        raise AudioFormatError(f"The {name} file contains no samples.", wav_format=name)
-    return np.concatenate(blocks)
+def no_samples(name: str) -> AudioFormatError:
+    """For a file whose header promised frames that are not there (found once its blocks are read)."""
+    return AudioFormatError(f"The {name} file contains no samples.", wav_format=name)

@@ -28,7 +28,7 @@ from pipeline.errors import ProtocolError, UnipadError
 from pipeline.hotwords import parse_word_weights
 from pipeline.stream import StreamSession
 
-from .audio_file import decode_file
+from .audio_file import audio_blocks, no_samples, open_audio
 from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrConfig, ResultWriter, SegmentResult, Word,
                               ack_message, encode, end_message, error_message, final_message, parse_control)
 from .http import check_handshake_token, response
@@ -239,14 +239,21 @@ class FunasrConnection(StreamConnection):
             await self._feed_audio(data)
 
     async def _feed_file(self) -> None:
-        """Decode the whole file (off the loop) and feed it; its speech-end times are now (see _arrivals)."""
+        """Decode the file a block at a time (off the loop) and feed it; its speech-end times are now (see
+        _arrivals). Never whole: 64 MiB of Opus is hours, gigabytes decoded (server/audio_file.py)."""
         assert self.session is not None
         data, self._file = bytes(self._file), bytearray()
         if not data:
             return
-        audio = await self._until_closed(asyncio.to_thread(decode_file, data, self.config.wav_format))
-        for i in range(0, len(audio), FILE_FEED_SAMPLES):
-            await self._handle(self.session.feed(audio[i:i + FILE_FEED_SAMPLES].astype("<f4").tobytes()))
+        name = self.config.wav_format
+        blocks = audio_blocks(await self._until_closed(asyncio.to_thread(open_audio, data, name)), name)
+        fed = False
+        while (block := await self._until_closed(asyncio.to_thread(next, blocks, None))) is not None:
+            fed = True
+            for i in range(0, len(block), FILE_FEED_SAMPLES):
+                await self._handle(self.session.feed(block[i:i + FILE_FEED_SAMPLES].astype("<f4").tobytes()))
+        if not fed:
+            raise no_samples(name)
 
     # ---- results ---------------------------------------------------------------------------------------
 

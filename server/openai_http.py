@@ -33,7 +33,7 @@ from pipeline.segmenter import SegmentFinished
 from pipeline.stream import StreamSession
 from pipeline.trim import Continuation, prepared, shifted, sound_end
 
-from .audio_file import audio_blocks, open_audio
+from .audio_file import audio_blocks, no_samples, open_audio
 from .http import client_address, json_response, note_client_address, request_token, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
@@ -226,7 +226,7 @@ class FileTranscription:
                         await self._start_events()
                     await self.exchange.send_part(delta_event(full_text(finals)[len(before):]))
         if not self._samples:  # a header promising frames that are not there
-            raise invalid_file(AudioFormatError(f"The {form.filename} file contains no samples."))
+            raise invalid_file(no_samples(form.filename))
         duration = self._samples / SAMPLE_RATE
         if form.stream:
             if not full_text(finals):

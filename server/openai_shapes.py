@@ -65,6 +65,18 @@ def _flag(value: str, name: str) -> bool:
     raise ApiError(400, f"{name} must be true or false, got {value!r}", param=name, code="invalid_value")
 
 
+def _check_temperature(value: str) -> None:
+    """Ignored (the model decodes greedily), but refused as OpenAI refuses it when it is not a number from 0
+    to 1: a client that sends one means something by it."""
+    try:
+        ok = not value or 0.0 <= float(value) <= 1.0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ApiError(400, f"temperature must be a number from 0 to 1, got {value!r}", param="temperature",
+                       code="invalid_value")
+
+
 def parse_form(content_type: str, body: bytes) -> TranscriptionForm:
     """A multipart/form-data body -> its fields; ApiError 400 naming the first bad one."""
     kind, options = multipart.parse_options_header(content_type)
@@ -104,6 +116,7 @@ def parse_form(content_type: str, body: bytes) -> TranscriptionForm:
     if granularities and response_format != "verbose_json":
         raise ApiError(400, "response_format must be verbose_json to use timestamp granularities",
                        param="timestamp_granularities[]", code="invalid_value")
+    _check_temperature(value.get("temperature", ""))
     stream = _flag(value.get("stream", ""), "stream")
     if stream and response_format not in STREAM_FORMATS:
         raise ApiError(400, f"streaming supports response_format json or text, not {response_format}",

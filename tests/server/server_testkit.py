@@ -18,14 +18,15 @@ def pcm16(audio: np.ndarray) -> bytes:
     return np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2").tobytes()
 
 
-def wav16(audio: np.ndarray) -> bytes:
-    """A 16-bit WAV file of the very samples pcm16 sends (a random decoder flips on the last bit)."""
+def wav16(audio: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+    """A 16-bit WAV file of the very samples pcm16 sends (a random decoder flips on the last bit), its header
+    saying `rate`."""
     import io
 
     import soundfile
 
     out = io.BytesIO()
-    soundfile.write(out, np.frombuffer(pcm16(audio), "<i2"), SAMPLE_RATE, format="WAV")
+    soundfile.write(out, np.frombuffer(pcm16(audio), "<i2"), rate, format="WAV")
     return out.getvalue()
 
 

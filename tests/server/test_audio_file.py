@@ -12,7 +12,7 @@ import soxr
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError
-from server.audio_file import audio_blocks, decode_file, open_audio
+from server.audio_file import MIN_FILE_RATE, audio_blocks, open_audio
 
 
 def encoded(audio: np.ndarray, rate: int, **kw: str) -> bytes:
@@ -52,5 +52,15 @@ def test_a_long_file_is_never_decoded_whole():
 ])
 def test_unreadable_files_are_audio_format_errors(data, message):
     with pytest.raises(AudioFormatError, match=message) as error:
-        decode_file(data, "x.wav")
+        list(audio_blocks(open_audio(data, "x.wav"), "x.wav"))
     assert "BytesIO" not in str(error.value)
+
+
+def test_a_rate_below_4_khz_is_refused_before_decoding():
+    """A header's low rate multiplies the samples heard (1 Hz: 16000 per sample sent); none is speech."""
+    for rate in (1, 100, MIN_FILE_RATE - 1):
+        with pytest.raises(AudioFormatError, match=f"sample rate is {rate} Hz; files below 4000 Hz are refused"):
+            open_audio(encoded(np.zeros(8000, np.int16), rate, format="WAV"), "x.wav")
+    blocks = list(audio_blocks(open_audio(encoded(np.zeros(8000, np.int16), MIN_FILE_RATE, format="WAV"), "x.wav"),
+                               "x.wav"))
+    assert sum(len(b) for b in blocks) == 4 * 8000  # 2 s at 4 kHz: 2 s at 16 kHz

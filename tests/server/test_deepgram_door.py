@@ -21,6 +21,7 @@ from server.deepgram_audio import ALAW, MULAW, read_wav_header
 from server.deepgram_shapes import MIN_ENDPOINTING_MS, DeepgramError, parse_listen_query
 
 from openai_testkit import HELD_OUT, TOKEN, knows_words, post, words
+from server_testkit import wav16
 
 LANGUAGES = ("auto", "en")
 # what livekit-plugins-deepgram 1.8.9 sends by default (stt.py _connect_ws)
@@ -198,6 +199,9 @@ async def test_bad_input_answered_in_deepgram_form(serve_test_server, test_model
         assert status == 400 and "does not fetch audio from URLs" in body["err_msg"]
         status, body = await post(url.port, "/v1/listen", b"not audio", {"Authorization": f"Token {TOKEN}"})
         assert status == 400 and "failed to process audio" in body["err_msg"]
+        status, body = await post(url.port, "/v1/listen", wav16(np.zeros(32000), rate=1),
+                                  {"Authorization": f"Token {TOKEN}"})
+        assert status == 400 and "sample rate is 1 Hz" in body["err_msg"], body
         status, body = await post(url.port, "/v1/listen?model=x", b"", {"Authorization": "Bearer wrong"})
         assert status == 401 and body["err_code"] == "INVALID_AUTH"
         got, code = await good

@@ -29,6 +29,7 @@ from server.funasr_protocol import (
     tagged_text,
     timestamp_string,
 )
+from server_testkit import wav16
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_MODEL = ROOT / "models" / "demo"
@@ -275,6 +276,9 @@ BAD_STARTS = {
     "bad_is_speaking": (['{"mode": "2pass", "is_speaking": "yes"}'], "bad_start", 1008),
     "unknown_language": (['{"mode": "2pass", "svs_lang": "xx"}'], "bad_start", 1008),
     "file_in_2pass": (['{"mode": "2pass", "wav_format": "mp3"}'], "unsupported_audio", 1003),
+    # 64 KB whose header says 1 Hz: decoded whole, 9 hours at 16 kHz (2 GB); refused before decoding
+    "file_at_1_hz": (['{"mode": "offline", "wav_format": "wav"}', wav16(np.zeros(32000), rate=1),
+                      '{"is_speaking": false}'], "unsupported_audio", 1003),
     "undecodable_file": (['{"mode": "offline", "wav_format": "mp4"}', b"not an mp4 file" * 64,
                           '{"is_speaking": false}'], "unsupported_audio", 1003),
 }

@@ -18,7 +18,7 @@ import websockets
 from export.evaluate import word_errors
 from openai_testkit import DEMO, HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
 from pipeline.audio import SAMPLE_RATE
-from server_testkit import eventually, http_get
+from server_testkit import eventually, http_get, wav16
 from server.openai_http import MAX_UPLOAD_BYTES
 
 
@@ -84,6 +84,9 @@ async def test_errors_are_openai_error_objects(serve_test_server):
         cases = {
             "no token": (await upload({"model": "m"}, headers={}), 401, None),
             "bad file": (await upload({"model": "m"}, file=b"RIFF not audio"), 400, "file"),
+            # refused, never heard: it held a core for minutes (and the FunASR door's memory: decoded whole)
+            "1 Hz": (await upload({"model": "m"}, file=wav16(np.zeros(32000), rate=1)), 400, "file"),
+            "temperature": (await upload({"model": "m", "temperature": "warm"}), 400, "temperature"),
             "format": (await upload({"model": "m", "response_format": "mp3"}), 400, "response_format"),
             "granularity": (await upload({"model": "m", "timestamp_granularities[]": "word"}), 400,
                             "timestamp_granularities[]"),
@@ -103,6 +106,7 @@ async def test_errors_are_openai_error_objects(serve_test_server):
         assert "Translation is not supported" in cases["path"][0][1]["error"]["message"]
         assert "no boundary" in cases["no boundary"][0][1]["error"]["message"]
         assert "BytesIO" not in cases["bad file"][0][1]["error"]["message"]
+        assert "sample rate is 1 Hz" in cases["1 Hz"][0][1]["error"]["message"]
         status, _, answer = await http_get(url.http, "/v1/audio/transcriptions", auth)
         assert status == 405 and "use POST" in json.loads(answer)["error"]["message"]
         with pytest.raises(openai.AuthenticationError):
