@@ -31,8 +31,8 @@ from pipeline.errors import AudioFormatError, OverloadError, ProtocolError
 
 from .audio_file import BLOCK_SECONDS, file_blocks, mono_blocks, open_audio
 from .deepgram_audio import PcmDecoder
-from .deepgram_shapes import (LISTEN_PATH, TOKEN_SUBPROTOCOL, DeepgramError, ListenOptions, Utterance, parse_listen_query,
-                              prerecorded_body, response_metadata, sha256_hex)
+from .deepgram_shapes import (LISTEN_PATH, MAX_CHANNELS, TOKEN_SUBPROTOCOL, DeepgramError, ListenOptions, Utterance,
+                              parse_listen_query, prerecorded_body, response_metadata, sha256_hex)
 from .http import client_address, json_response, note_client_address, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_http import MAX_UPLOAD_BYTES, FileTranscription
@@ -219,9 +219,13 @@ class DeepgramFile(FileTranscription):
         if self.options.encoding is not None:
             return self.options.channels
         try:
-            return open_audio(body, "audio").channels
+            channels = open_audio(body, "audio").channels
         except AudioFormatError as exc:
             raise DeepgramError(400, f"failed to process audio: {exc}") from None
+        if self.options.multichannel and channels > MAX_CHANNELS:  # each channel is a pass over the whole file
+            raise DeepgramError(400, f"multichannel=true takes at most {MAX_CHANNELS} channels; the file has "
+                                     f"{channels}")
+        return channels
 
     def _blocks(self, body: bytes, channel: int) -> Iterator[np.ndarray]:
         """One channel (or, without multichannel, all averaged) as float32 blocks at SAMPLE_RATE."""

@@ -202,6 +202,11 @@ async def test_bad_input_answered_in_deepgram_form(serve_test_server, test_model
         status, body = await post(url.port, "/v1/listen", wav16(np.zeros(32000), rate=1),
                                   {"Authorization": f"Token {TOKEN}"})
         assert status == 400 and "sample rate is 1 Hz" in body["err_msg"], body
+        nine = io.BytesIO()
+        soundfile.write(nine, np.zeros((1600, 9), np.int16), SAMPLE_RATE, format="WAV")
+        status, body = await post(url.port, "/v1/listen?multichannel=true", nine.getvalue(),
+                                  {"Authorization": f"Token {TOKEN}"})
+        assert status == 400 and "at most 8 channels; the file has 9" in body["err_msg"], body
         status, body = await post(url.port, "/v1/listen?model=x", b"", {"Authorization": "Bearer wrong"})
         assert status == 401 and body["err_code"] == "INVALID_AUTH"
         got, code = await good
