@@ -17,7 +17,9 @@ import soxr
 from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError
 
-BLOCK_SECONDS = 10  # decoded at a time
+BLOCK_SECONDS = 10  # decoded at a time ...
+BLOCK_SAMPLES = BLOCK_SECONDS * 48000 * 2  # ... unless that is more samples than 10 s of 48 kHz stereo (3.8 MB):
+# Vorbis and Opus carry up to 255 channels, and silence in them compresses to nearly nothing
 # A file's rate is only its header's word, and a low one multiplies what the server must hold and hear: a
 # 64 KB WAV that says 1 Hz is 9 hours at 16 kHz, and decoded whole it was 2 GB. No speech fits under 4 kHz
 # (2 kHz of bandwidth), so a file below it is refused: at most 4 samples heard per sample sent.
@@ -43,9 +45,11 @@ def open_audio(data: bytes, name: str) -> Any:
 
 
 def file_blocks(file: Any, seconds: float = BLOCK_SECONDS) -> Iterator[np.ndarray]:
-    """An open_audio() file -> float32 [frames, channels] blocks of `seconds` at its own rate, the last empty."""
+    """An open_audio() file -> float32 [frames, channels] blocks of `seconds` at its own rate (fewer frames where
+    it has many channels: BLOCK_SAMPLES at most), the last empty."""
+    frames = max(1, min(int(seconds * file.samplerate), BLOCK_SAMPLES // file.channels))
     while True:
-        block = file.read(max(1, int(seconds * file.samplerate)), dtype="float32", always_2d=True)
+        block = file.read(frames, dtype="float32", always_2d=True)
         yield block
         if len(block) == 0:
             return

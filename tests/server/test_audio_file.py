@@ -12,7 +12,7 @@ import soxr
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError
-from server.audio_file import MIN_FILE_RATE, audio_blocks, open_audio
+from server.audio_file import BLOCK_SAMPLES, MIN_FILE_RATE, audio_blocks, file_blocks, open_audio
 
 
 def encoded(audio: np.ndarray, rate: int, **kw: str) -> bytes:
@@ -43,6 +43,24 @@ def test_a_long_file_is_never_decoded_whole():
     finally:
         tracemalloc.stop()
     assert peak < len(data) / 4  # 23 MB at 48 kHz; a 10 s block is 1.9 MB there
+
+
+def test_many_channels_are_read_in_fewer_frames():
+    """Vorbis carries up to 255 channels, and silence in it is nearly free: 20 s of 32 channels is 9 KB, and
+    a 10 s block of it 61 MB decoded (a 25 MB upload of 255 channels: 490 MB a block)."""
+    out = io.BytesIO()
+    with soundfile.SoundFile(out, "w", 48000, 32, format="OGG", subtype="VORBIS") as vorbis:
+        for _ in range(200):  # libsndfile's Vorbis writer crashes on one large write
+            vorbis.write(np.zeros((4800, 32), np.float32))
+    data = out.getvalue()
+    assert max(len(b) * b.shape[1] for b in file_blocks(open_audio(data, "a.ogg"))) <= BLOCK_SAMPLES
+    tracemalloc.start()
+    try:
+        heard = sum(len(b) for b in audio_blocks(open_audio(data, "a.ogg"), "a.ogg"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert heard == 20 * SAMPLE_RATE and peak < 4 * BLOCK_SAMPLES * 4  # a block, its mean and resampling
 
 
 @pytest.mark.parametrize("data, message", [
