@@ -167,6 +167,7 @@ class FileTranscription:
         # it arrived (server/upload_sequence.py); None: it continues none (the Deepgram door, --no-join-uploads).
         self.sequence_key: Hashable | None = None
         self.arrival = 0.0
+        self.previous_arrival: float | None = None  # the same client's upload before it (the one it may continue)
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -187,6 +188,7 @@ class FileTranscription:
             self.arrival = asyncio.get_running_loop().time()
             self.sequence_key = (client_address(self.exchange.connection), request.headers.get("Authorization"),
                                  form.model, language)
+            self.previous_arrival = self.app.uploads.arrived(self.sequence_key, self.arrival)
         try:
             self.app.engine.language_id(language)
         except ProtocolError as exc:
@@ -284,7 +286,8 @@ class FileTranscription:
                     block_sound = sound_end(block)
                     sound = self._samples + block_sound if block_sound else sound
                     if not self._samples and following is None:  # a whole upload in one block: its length is known
-                        earlier = self.app.uploads.continued(self.sequence_key, self.arrival, sound / SAMPLE_RATE)
+                        earlier = self.app.uploads.continued(self.sequence_key, self.arrival, sound / SAMPLE_RATE,
+                                                             self.previous_arrival)
                         if earlier is not None:
                             continuation, offset = earlier.continuation, earlier.end
                             log.debug("an upload from %s continues the one before it", self.sequence_key[0])

@@ -8,13 +8,16 @@ the whole uploads' 42 in 2944 words). The pieces follow each other in real time:
 when its VAD stops, so the time between two uploads is the second one's length. An upload that arrives as
 long after the previous one from the same client as its own sound lasts continues it, and is heard as a
 Realtime commit is, after the end of the previous one (pipeline/trim.py Continuation), placed right after
-it on one timeline. Uploads sent faster than real time (a batch of files) never match, nor do pieces with
-audio between them the client did not send (its pre-buffer of silence ran over), nor an upload two earlier
-ones of the same client could precede (two streams from one address and key: each then stands alone).
+it on one timeline. Only the client's previous upload, the last to arrive before it, may be continued, and
+only once it is finished. Uploads sent faster than real time never match, nor do pieces with audio between
+them the client did not send (its pre-buffer of silence ran over), nor a batch of files sent one after
+another at any pace (an earlier file than the last one could fit the timing: a client sending a file every
+0.6 s had its 1.5 s files heard after the one sent three before, and lost their first words), nor two
+streams from one address and key, whose uploads interleave: each piece then stands alone.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -48,17 +51,30 @@ class UploadSequences:
 
     def __init__(self) -> None:
         self._kept: deque[Upload] = deque()
+        self._last: OrderedDict[Hashable, float] = OrderedDict()  # each client's latest arrival, oldest first
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def continued(self, key: Hashable, arrival: float, seconds: float) -> Upload | None:
-        """The one kept upload of `key` that an upload of `seconds` of sound arriving at `arrival` continues
-        (taken: it is continued once), or None: none fits the timing, or more than one does."""
+    def arrived(self, key: Hashable, arrival: float) -> float | None:
+        """Note that an upload of `key` arrived; the arrival of the one before it from that client (None: none
+        within KEPT_SECONDS). Every upload of a client that may join is noted, finished or not, refused or not."""
+        previous = self._last.pop(key, None)
+        self._last[key] = arrival
+        while self._last and (len(self._last) > MAX_KEPT or arrival - next(iter(self._last.values())) > KEPT_SECONDS):
+            self._last.popitem(last=False)
+        return previous if previous is not None and arrival - previous <= KEPT_SECONDS else None
+
+    def continued(self, key: Hashable, arrival: float, seconds: float, previous: float | None) -> Upload | None:
+        """The kept upload that an upload of `key` with `seconds` of sound, arriving at `arrival`, continues
+        (taken: it is continued once), or None. Only `previous` (from `arrived`: the client's last upload
+        before this one) may be it, once finished, and only if this one came as long after it as it lasts."""
         self._expire(arrival)
-        fits = [u for u in self._kept if u.key == key
+        if previous is None:
+            return None
+        fits = [u for u in self._kept if u.key == key and u.arrival == previous
                 and -ARRIVAL_EARLY <= arrival - u.arrival - seconds <= ARRIVAL_LATE]
-        if len(fits) != 1:
+        if not fits:
             return None
         self._kept.remove(fits[0])
         return fits[0]

@@ -186,6 +186,27 @@ async def test_an_inference_failure_mid_stream_is_an_error_event(serve_test_serv
     assert "never retrieved" not in caplog.text
 
 
+async def test_a_batch_of_files_sent_one_after_another_stands_alone(serve_test_server):
+    """A client transcribing files one after another, at any pace: none is heard after an earlier one. Sent
+    every 0.6 s, the demo fixtures cut tight (1-2 s of speech each) fitted the timing of the file sent two or
+    three before, and were heard after it: "volume up five" came back "up five" (server/upload_sequence.py
+    joins only a client's previous upload)."""
+    clips = []
+    for path in sorted(DEMO.glob("single_0*.wav")):
+        audio, _ = soundfile.read(path, dtype="float32")
+        sound = np.flatnonzero(np.abs(audio) > 0.01)
+        clips.append(wav16(audio[max(0, sound[0] - 80): sound[-1] + 80]))
+    async with serve_test_server(token=TOKEN) as url:
+        client = sdk(url)
+        alone = [(await client.audio.transcriptions.create(model=f"alone-{n}", file=("a.wav", clip))).text
+                 for n, clip in enumerate(clips)]
+        began = asyncio.get_running_loop().time()
+        for n in range(3 * len(clips)):
+            await asyncio.sleep(max(0.0, began + 0.6 * n - asyncio.get_running_loop().time()))
+            got = await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", clips[n % len(clips)]))
+            assert got.text == alone[n % len(clips)], (n, got.text, alone)
+
+
 async def test_a_stalled_upload_is_answered_408(serve_test_server, monkeypatch):
     """A body that stops arriving gets OpenAI's error object with 408 (which the SDK retries), not a bare
     close after the pause limit."""
