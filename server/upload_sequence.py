@@ -11,9 +11,10 @@ Realtime commit is, after the end of the previous one (pipeline/trim.py Continua
 it on one timeline. Only the client's previous upload, the last to arrive before it, may be continued, and
 only once it is finished. Uploads sent faster than real time never match, nor do pieces with audio between
 them the client did not send (its pre-buffer of silence ran over), nor a batch of files sent one after
-another at any pace (an earlier file than the last one could fit the timing: a client sending a file every
-0.6 s had its 1.5 s files heard after the one sent three before, and lost their first words), nor two
-streams from one address and key, whose uploads interleave: each piece then stands alone.
+another (an earlier file than the last one could fit the timing: a client sending a file every 0.6 s had
+its 1.5 s files heard after the one sent three before, and lost their first words; the last one fits only
+where the server answers as slowly as the files last), nor two streams from one address and key, whose
+uploads interleave: each piece then stands alone.
 """
 from __future__ import annotations
 
