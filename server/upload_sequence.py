@@ -59,7 +59,8 @@ class UploadSequences:
 
     def arrived(self, key: Hashable, arrival: float) -> float | None:
         """Note that an upload of `key` arrived; the arrival of the one before it from that client (None: none
-        within KEPT_SECONDS). Every upload of a client that may join is noted, finished or not, refused or not."""
+        within KEPT_SECONDS). Every upload of a client that may join is noted once its form is read, whatever
+        becomes of it."""
         previous = self._last.pop(key, None)
         self._last[key] = arrival
         while self._last and (len(self._last) > MAX_KEPT or arrival - next(iter(self._last.values())) > KEPT_SECONDS):
