@@ -36,7 +36,8 @@ from .deepgram_http import hotword_graph
 from .deepgram_shapes import (ListenOptions, error_message, metadata_message, results, results_metadata,
                               speech_started, utterance_end)
 from .protocol import CLOSE_GOING_AWAY, CLOSE_NORMAL
-from .streaming import Outbox, Outgoing, StreamConnection, check_text_size
+from .outbox import Outbox, Outgoing
+from .streaming import StreamConnection, check_text_size
 from .worker import FINAL, PARTIAL, Job
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class DeepgramConnection(StreamConnection):
         self._flags: dict[int, tuple[bool, bool]] = {}  # segment -> (speech_final, from_finalize)
         self._finishing: str | None = None  # "finalize" or "close" while open segments are being closed
         self._next_segment = 0
+        self._finished = 0  # segments finished, every channel's (the end-of-stream log)
         self._hotwords: Any = None
 
     # ---- the conversation ------------------------------------------------------------------------------
@@ -164,6 +166,12 @@ class DeepgramConnection(StreamConnection):
 
     def _seconds(self) -> float:
         return self._frames / self._rate if self._rate else 0.0
+
+    def audio_seconds(self) -> float:  # each channel has its own StreamSession, none is the connection's
+        return self._seconds()
+
+    def segments_finished(self) -> int:
+        return self._finished
 
     async def _audio(self, data: bytes) -> None:
         self._sha.update(data)
@@ -232,6 +240,7 @@ class DeepgramConnection(StreamConnection):
 
     async def _segment_finished(self, channel: _Channel, e: SegmentFinished) -> None:
         channel.open, channel.closed = None, e.segment
+        self._finished += 1
         if self.outbox.discard_channel_partial(channel.index):
             self.app.metrics.partials_dropped.inc()
         await self._until_closed(self._inflight.acquire())  # backpressure: stop reading until a final is sent

@@ -89,8 +89,8 @@ class StreamLog:
         c = self.connection
         closed = c.ws.protocol.close_sent  # the code this server closed with (or echoed to the client)
         fields = {"event": "stream_end", "session": c.id, "client": self._client(), "model": c.app.model_name,
-                  "audio_s": round(c.session.received_seconds, 3) if c.session is not None else 0.0,
-                  "duration_s": round(time.monotonic() - self.began, 3), "segments": c._closed_segment + 1,
+                  "audio_s": round(c.audio_seconds(), 3),
+                  "duration_s": round(time.monotonic() - self.began, 3), "segments": c.segments_finished(),
                   "close": closed.code if closed is not None else _ABNORMAL_CLOSE, "code": self.code}
         how = f"error {self.code}: {self.reason}" if self.code else self.reason or "done"
         level = logging.ERROR if self.bug else logging.WARNING if self.code else logging.INFO

@@ -40,7 +40,8 @@ from .funasr_protocol import join_texts
 from .protocol import CLOSE_GOING_AWAY
 from .realtime_events import (BETA_UPDATE, GA_UPDATE, EventError, SessionConfig, apply_update, error_event, event,
                               new_id, parse_event, segmenter_options, session_object)
-from .streaming import Outbox, StreamConnection, StreamGone
+from .outbox import Outbox
+from .streaming import StreamConnection, StreamGone
 from .worker import Job
 
 if TYPE_CHECKING:
@@ -194,6 +195,9 @@ class RealtimeConnection(StreamConnection):
 
     def _format(self) -> AudioFormat:
         return AudioFormat(self.config.rate, "s16le", 1)
+
+    def audio_seconds(self) -> float:  # without turn detection the audio waits in _manual, not in a session
+        return self._received
 
     def _new_session(self) -> None:
         self.session = StreamSession(self._format(), segmenter_options(self.app.segmenter_options, self.config))

@@ -17,7 +17,6 @@ import collections
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from websockets.asyncio.server import ServerConnection
@@ -39,15 +38,13 @@ from .protocol import (
     CLOSE_UNSUPPORTED,
     MAX_TEXT_MESSAGE,
 )
+from .outbox import MAX_FINALS_IN_FLIGHT, Outbox, Outgoing
 from .receiver import Receiver
 from .worker import FINAL, PARTIAL, Job
 
 if TYPE_CHECKING:
     from .server import Server
 
-# Finals one session may have waiting for or in inference. Beyond it the connection stops reading audio
-# (TCP backpressure) until one is sent, so the worker's finals queue is bounded by sessions x this.
-MAX_FINALS_IN_FLIGHT = 4
 SEND_TIMEOUT = 10.0  # seconds a closing connection waits for its last messages to reach the client
 # Message-rate policy against floods of tiny frames (each costs a decode and a loop turn whatever its
 # size): a stream may send at most FLOOD_BURST messages plus FLOOD_RATE per second of audio received,
@@ -84,64 +81,6 @@ class StreamGone(Exception):
     """The WebSocket closed while this connection waited for something else."""
 
 
-@dataclass(frozen=True)
-class Outgoing:
-    message: Any  # what the adapter's _render turns into a text frame when it is sent
-    arrived: float | None = None  # set for a segment's final (or its error): end-of-speech arrival time
-
-
-class Outbox:
-    """Messages on their way to one client, sent in order by one task; at most one partial waits.
-
-    Bounded by construction: a session has at most MAX_FINALS_IN_FLIGHT finals plus a few control
-    messages queued; `limit` turns a bug into an error instead of unbounded memory. A partial is any
-    object with a `segment` number.
-    """
-
-    def __init__(self, limit: int = MAX_FINALS_IN_FLIGHT + 8) -> None:
-        self._items: collections.deque[Outgoing] = collections.deque()
-        self._partial: Any = None
-        self._wake = asyncio.Event()
-        self._limit = limit
-        self.closed = False  # no more puts; get() returns None once drained
-
-    def put(self, item: Outgoing) -> None:
-        if len(self._items) >= self._limit:
-            raise RuntimeError(f"outbox over its bound of {self._limit} messages")
-        self._items.append(item)
-        self._wake.set()
-
-    def put_partial(self, partial: Any) -> bool:
-        """Queue a partial; returns True when it replaced an unsent one."""
-        replaced = self._partial is not None
-        self._partial = partial
-        self._wake.set()
-        return replaced
-
-    def discard_partial(self, segment: int) -> bool:
-        """Drop the waiting partial if it belongs to `segment` or earlier (its final is coming)."""
-        if self._partial is not None and self._partial.segment <= segment:
-            self._partial = None
-            return True
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake.set()
-
-    async def get(self) -> Outgoing | None:
-        while True:
-            if self._items:
-                return self._items.popleft()
-            if self._partial is not None and not self.closed:
-                partial, self._partial = self._partial, None
-                return Outgoing(partial)
-            if self.closed:
-                return None
-            self._wake.clear()
-            await self._wake.wait()
-
-
 class StreamConnection:
     """One WebSocket stream from the handshake to the close; a subclass supplies the wire format:
 
@@ -164,7 +103,8 @@ class StreamConnection:
         self.app = app
         self.ws = ws
         self.id = uuid.uuid4().hex[:12]
-        self.session: StreamSession | None = None
+        self._session: StreamSession | None = None
+        self._audio_before = 0.0  # seconds received by the sessions this connection held before its current one
         self.outbox = Outbox()
         self._inflight = asyncio.Semaphore(MAX_FINALS_IN_FLIGHT)
         self._unsent_finals = 0
@@ -179,6 +119,25 @@ class StreamConnection:
         self._sender: asyncio.Task[None] | None = None
         self._receiver = Receiver(ws.recv, app.config.idle_timeout, app.shutting_down, app.receiving)
         self._messages = 0  # client messages received (the flood policy)
+
+    @property
+    def session(self) -> StreamSession | None:
+        """The StreamSession hearing the audio now (a door may renew it: a Realtime commit, a Wyoming request)."""
+        return self._session
+
+    @session.setter
+    def session(self, session: StreamSession | None) -> None:
+        if self._session is not None and session is not self._session:
+            self._audio_before += self._session.received_seconds
+        self._session = session
+
+    def audio_seconds(self) -> float:
+        """Seconds of audio this connection received, over every session it held (its end-of-stream log)."""
+        return self._audio_before + (self._session.received_seconds if self._session is not None else 0.0)
+
+    def segments_finished(self) -> int:
+        """Segments this connection finished (its end-of-stream log)."""
+        return self._closed_segment + 1
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 

@@ -4,12 +4,15 @@ object per line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import signal
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.modeldir import read_model_directory
 from server.http import listening_urls
@@ -101,3 +104,53 @@ def test_listening_addresses_for_every_kind_of_host():
     assert listening_urls("::", 8765, tls=False) == ("ws://[::]:8765/v1/stream", "http://[::1]:8765/")
     assert listening_urls("fe80::1", 1, tls=False)[1] == "http://[fe80::1]:1/"
     assert listening_urls("asr.lan", 1, tls=False)[1] == "http://asr.lan:1/"
+
+
+async def test_every_door_logs_the_audio_it_heard(serve_test_server, caplog, speech):
+    """The end-of-stream line's seconds of audio and segments, whatever the door: a Realtime session's
+    audio waits outside any StreamSession until its commit, a Wyoming request's session is its own, and a
+    Deepgram stream has one per channel; each logged 0.0 s of audio (and Deepgram 0 segments)."""
+    import base64
+
+    import soxr
+    import websockets
+    from wyoming.asr import Transcribe, Transcript
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+
+    from server_testkit import pcm16
+
+    caplog.set_level(logging.INFO, logger="server")
+    async with serve_test_server(wyoming_port=0, partial_interval=0.0) as url:
+        port = int(url.http.rsplit(":", 1)[1])
+        pcm24 = pcm16(np.clip(soxr.resample(speech.audio, 16000, 24000), -1, 1))
+        async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription") as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
+            for i in range(0, len(pcm24), 9600):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm24[i:i + 9600]).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            while not json.loads(await ws.recv())["type"].endswith("transcription.completed"):  # one item
+                pass
+        pcm = pcm16(speech.audio)
+        async with AsyncTcpClient("127.0.0.1", url.server.wyoming_port) as client:
+            await client.write_event(Transcribe(language="en").event())
+            await client.write_event(AudioStart(rate=16000, width=2, channels=1).event())
+            for i in range(0, len(pcm), 3200):
+                await client.write_event(AudioChunk(rate=16000, width=2, channels=1, audio=pcm[i:i + 3200]).event())
+            await client.write_event(AudioStop().event())
+            while not Transcript.is_type((await client.read_event()).type):
+                pass
+        async with websockets.connect(f"ws://127.0.0.1:{port}/v1/listen?encoding=linear16&sample_rate=16000") as ws:
+            for i in range(0, len(pcm), 3200):
+                await ws.send(pcm[i:i + 3200])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for _ in ws:
+                    pass
+        ends = lambda: {r.name: r.fields for r in caplog.records if getattr(r, "fields", {}).get("event") == "stream_end"}
+        await eventually(lambda: len(ends()) == 3, timeout=30)
+    for door, fields in ends().items():
+        assert abs(fields["audio_s"] - speech.duration) < 0.01, (door, fields)
+        assert fields["segments"] == len(speech.utterances), (door, fields)
