@@ -31,7 +31,7 @@ import soxr
 
 from clients.client import DEFAULT_URL, ClientError, connect
 from clients.options import add_hotword_option
-from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
+from pipeline.audio import MAX_INPUT_RATE, MIN_FILE_RATE, MIN_INPUT_RATE, SAMPLE_RATE
 from pipeline.subtitles import VTT_HEADER, cues_for_final, format_timestamp, srt_cue, vtt_cue
 from server.protocol import Final, Partial, encode
 
@@ -55,6 +55,9 @@ def read_audio(path: str) -> tuple[np.ndarray, int]:
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory")
     try:
+        rate = soundfile.info(path).samplerate
+        if rate < MIN_FILE_RATE:  # before reading: resampled to 16 kHz it would be that many times longer
+            raise InputError(f"{path}: its sample rate is {rate} Hz; below {MIN_FILE_RATE} Hz no speech fits")
         audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
     except (soundfile.SoundFileError, RuntimeError, OSError) as exc:
         raise InputError(f"{path}: cannot read audio ({' '.join(str(exc).split())})") from None

@@ -33,6 +33,10 @@ VAD_FRAME = exact_div(SAMPLE_RATE * 30, 1000)  # 480 samples: webrtcvad's 30 ms 
 
 MIN_INPUT_RATE = 8000
 MAX_INPUT_RATE = 48000
+# Files may have any rate soxr takes down or up to SAMPLE_RATE, but a header's low rate multiplies what must
+# be held and heard: a 64 KB WAV that says 1 Hz is 9 hours at 16 kHz (decoded whole, 2 GB). No speech fits
+# under 4 kHz (2 kHz of bandwidth), so a file below it is refused: at most 4 samples heard per sample read.
+MIN_FILE_RATE = 4000
 PCM_FORMATS = ("s16le", "f32le")
 
 

@@ -14,17 +14,12 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import soxr
 
-from pipeline.audio import SAMPLE_RATE
+from pipeline.audio import MIN_FILE_RATE, SAMPLE_RATE
 from pipeline.errors import AudioFormatError
 
 BLOCK_SECONDS = 10  # decoded at a time ...
 BLOCK_SAMPLES = BLOCK_SECONDS * 48000 * 2  # ... unless that is more samples than 10 s of 48 kHz stereo (3.8 MB):
 # Vorbis and Opus carry up to 255 channels, and silence in them compresses to nearly nothing.
-
-# A file's rate is only its header's word, and a low one multiplies what the server must hold and hear: a
-# 64 KB WAV that says 1 Hz is 9 hours at 16 kHz, and decoded whole it was 2 GB. No speech fits under 4 kHz
-# (2 kHz of bandwidth), so a file below it is refused: at most 4 samples heard per sample sent.
-MIN_FILE_RATE = 4000
 
 
 def open_audio(data: bytes, name: str) -> Any:

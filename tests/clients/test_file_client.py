@@ -135,11 +135,14 @@ async def test_unreachable_server():
     ("noise.wav", b"this is not audio at all\n" * 10, "cannot read audio"),
     ("empty.wav", "EMPTY", "no audio"),
     ("zero.wav", b"", "cannot read audio"),
+    ("one_hz.wav", "1 HZ", "sample rate is 1 Hz"),  # 64 KB that resampled to 16 kHz would be 2 GB
 ])
 async def test_bad_input_file(tmp_path, name: str, content: bytes | str | None, says: str):
     path = tmp_path / name
     if content == "EMPTY":
         soundfile.write(path, np.zeros(0, np.float32), SAMPLE_RATE)  # a valid WAV with no samples
+    elif content == "1 HZ":
+        soundfile.write(path, np.zeros(32000, np.int16), 1)
     elif content is not None:
         path.write_bytes(content)
     # The URL is never dialled: the file is checked first.
