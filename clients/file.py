@@ -6,7 +6,7 @@
 
 Reads anything soundfile reads (WAV, FLAC, OGG/Vorbis, MP3 with libsndfile >= 1.1). Multichannel audio
 is downmixed here; the file's own rate is sent as is when the server accepts it (8-48 kHz), else
-resampled to 16 kHz first. Formats: `text` (one line per final with its times; partials overwrite one
+resampled to 16 kHz first (a file under 4 kHz is refused: no speech fits there). Formats: `text` (one line per final with its times; partials overwrite one
 terminal line when stdout is a TTY), `jsonl` (the protocol's final messages, one per line), `srt`, `vtt`.
 Exit status: 0 on success, 1 on any error (one line on stderr), 2 on bad arguments, 130 on Ctrl-C, 141
 without a word when the output is closed early (`| head`), the status a shell reports for a Unix tool that
