@@ -6,8 +6,9 @@
 
 Reads anything soundfile reads (WAV, FLAC, OGG/Vorbis, MP3 with libsndfile >= 1.1). Multichannel audio
 is downmixed here; the file's own rate is sent as is when the server accepts it (8-48 kHz), else
-resampled to 16 kHz first (a file under 4 kHz is refused: no speech fits there). Formats: `text` (one line per final with its times; partials overwrite one
-terminal line when stdout is a TTY), `jsonl` (the protocol's final messages, one per line), `srt`, `vtt`.
+resampled to 16 kHz first (a file under 4 kHz is refused: no speech fits there). Formats: `text` (one
+line per final with its times; partials overwrite one terminal line when stdout is a TTY), `jsonl` (the
+protocol's final messages, one per line), `srt`, `vtt`.
 Exit status: 0 on success, 1 on any error (one line on stderr), 2 on bad arguments, 130 on Ctrl-C, 141
 without a word when the output is closed early (`| head`), the status a shell reports for a Unix tool that
 SIGPIPE ended. `--url` may be a bare host:port (the stream endpoint there).
@@ -55,10 +56,11 @@ def read_audio(path: str) -> tuple[np.ndarray, int]:
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory")
     try:
-        rate = soundfile.info(path).samplerate
-        if rate < MIN_FILE_RATE:  # before reading: resampled to 16 kHz it would be that many times longer
-            raise InputError(f"{path}: its sample rate is {rate} Hz; below {MIN_FILE_RATE} Hz no speech fits")
-        audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        with soundfile.SoundFile(path) as file:
+            rate = file.samplerate
+            if rate < MIN_FILE_RATE:  # before reading: resampled to 16 kHz it would be that many times longer
+                raise InputError(f"{path}: its sample rate is {rate} Hz; below {MIN_FILE_RATE} Hz no speech fits")
+            audio = file.read(dtype="float32", always_2d=True)
     except (soundfile.SoundFileError, RuntimeError, OSError) as exc:
         raise InputError(f"{path}: cannot read audio ({' '.join(str(exc).split())})") from None
     if audio.shape[0] == 0:

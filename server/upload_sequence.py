@@ -74,12 +74,11 @@ class UploadSequences:
         self._expire(arrival)
         if previous is None:
             return None
-        fits = [u for u in self._kept if u.key == key and u.arrival == previous
-                and -ARRIVAL_EARLY <= arrival - u.arrival - seconds <= ARRIVAL_LATE]
-        if not fits:
+        upload = next((u for u in self._kept if u.key == key and u.arrival == previous), None)
+        if upload is None or not -ARRIVAL_EARLY <= arrival - previous - seconds <= ARRIVAL_LATE:
             return None
-        self._kept.remove(fits[0])
-        return fits[0]
+        self._kept.remove(upload)
+        return upload
 
     def keep(self, upload: Upload) -> None:
         self._expire(upload.arrival)
