@@ -14,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.batching import Clip
 from pipeline.engine import Engine, EngineOptions
 
@@ -21,6 +23,14 @@ from .common import command_line, emit, machine, say, speech_audio, summary
 from .paraformer import interleaved, timed
 
 DEFAULT_LENGTHS = (1.0, 2.0, 5.0, 10.0, 20.0, 29.0)
+
+
+def token_count(output, blank_id: int) -> int:
+    """Tokens of one clip's answer: a Paraformer's, or the CTC path's (repeats merged, blanks dropped)."""
+    if hasattr(output, "token_ids"):
+        return len(output.token_ids)
+    ids = output.best_ids
+    return int(((ids != blank_id) & np.r_[True, ids[1:] != ids[:-1]]).sum())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         cpus = [summary([cpu for _, cpu in runs])["median"] for runs in (before, after)]
         result["before_s"][key], result["after_s"][key] = walls
         result["ratio"][key], result["ratio_cpu"][key] = round(walls[1] / walls[0], 3), round(cpus[1] / cpus[0], 3)
-        result["tokens"][key] = [len(e.infer([Clip(audio)])[0].token_ids) for e in engines]
+        result["tokens"][key] = [token_count(e.infer([Clip(audio)])[0], e.model.manifest.blank_id) for e in engines]
         say(f"{key} s: before {walls[0]:.3f} s, after {walls[1]:.3f} s, ratio {result['ratio'][key]} "
             f"(CPU seconds {result['ratio_cpu'][key]}); tokens {result['tokens'][key]}")
     emit(result, args.save)

@@ -116,6 +116,6 @@ training {training.get("train_seconds", "?")} s, {training.get("steps", "?")} st
   features; CTC on the 4 tags + word tokens; AdamW (peak learning rate {options.get("peak_lr", "?")}),
   warmup and cosine decay; {training.get("precision", "fp32")} matrix products (autocast; the weights stay fp32).
 - Exported with the normal export path (`export/onnx_export.py`): `model.onnx` (fp32) and
-  `model.int8.onnx` (dynamic int8 MatMul).
+  `model.int8.onnx` (dynamic int8 MatMul, 7-bit weights).
 """
     path.write_text(text, encoding="utf-8")

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from .onnx_export import external_data_file, load_graph
+from .onnx_export import INT8_REDUCE_RANGE, external_data_file, load_graph
 
 QUANTIZE_SLICE = 1 << 24  # elements quantised at once (64 MB of float32)
 QUANTIZE_COLUMNS = 4096  # output channels quantised at once, per channel
@@ -149,13 +149,13 @@ def _gemms_as_matmuls(graph, initializers: dict, transposed: dict[str, str]) -> 
 
 def quantize_weight(data):
     """(zero point, scale, int8 values) of the flat float32 `data` as ONNX Runtime's quantize_data gives them
-    for symmetric QInt8 (its own two steps: the range of the whole tensor, then each element), the elements
+    for symmetric QInt8 in INT8_REDUCE_RANGE's 7 bits (its own two steps: the range of the whole tensor, then each element), the elements
     a slice at a time: its temporaries are a few copies of the tensor, 6 GB for the 1.7B lm_head."""
     import numpy as np
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import compute_data_quant_params, quantize_nparray
 
-    zero_point, scale = compute_data_quant_params(data, TensorProto.INT8, True, False, None, None, None)
+    zero_point, scale = compute_data_quant_params(data, TensorProto.INT8, True, INT8_REDUCE_RANGE, None, None, None)
     values = np.empty(data.shape, np.int8)
     for start in range(0, len(data), QUANTIZE_SLICE):
         values[start:start + QUANTIZE_SLICE] = quantize_nparray(TensorProto.INT8, data[start:start + QUANTIZE_SLICE],

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.modeldir import (DECODER_FREE_DIMENSIONS, DECODER_ONNX_FILES, FREE_DIMENSIONS, INPUT_NAMES, ONNX_FILES,
-                               OUTPUT_NAMES, PRECISIONS, ModelManifest, write_model_directory)
+from pipeline.modeldir import (DECODER_FREE_DIMENSIONS, DECODER_ONNX_FILES, FREE_DIMENSIONS, INPUT_NAMES,
+                               INT8_WEIGHT_BITS, ONNX_FILES, OUTPUT_NAMES, PRECISIONS, ModelManifest,
+                               write_model_directory)
 
 from .decoding_outputs import DEFAULT_TOP_K, add_decoding_to_file
 
@@ -94,6 +95,9 @@ class Int8Recipe:
 # SenseVoice's recipe (Qwen3-ASR's are export/qwen3_quantize.py's RECIPES; issue 40).
 DEFAULT_INT8 = Int8Recipe()
 
+# Every int8 weight in 7 bits, in every recipe and quantiser: pipeline/modeldir.py INT8_WEIGHT_BITS says why.
+INT8_REDUCE_RANGE = INT8_WEIGHT_BITS == 7
+
 
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> set[str]:
     """Dynamic int8 of `src` into `dst` by `recipe`; returns the recipe's float_modules found in this graph
@@ -104,7 +108,8 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe = DEFAULT_INT8) -> se
     excluded, found = float_module_nodes(src, recipe.float_modules)
     quantize_dynamic(
         str(src), str(dst), op_types_to_quantize=list(recipe.op_types), weight_type=QuantType[recipe.weight_type],
-        per_channel=recipe.per_channel, nodes_to_exclude=excluded, extra_options={"MatMulConstBOnly": True},
+        per_channel=recipe.per_channel, reduce_range=INT8_REDUCE_RANGE, nodes_to_exclude=excluded,
+        extra_options={"MatMulConstBOnly": True},
     )
     return found
 

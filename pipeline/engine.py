@@ -50,8 +50,8 @@ from .decoding import Transcript, decode_ids
 from . import recovery
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
-from .engine_options import (PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision, default_containers,
-                             one_session_per_graph, shape_plan)
+from .engine_options import (INT8_DRIFT_WARNING, PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision,
+                             default_containers, int8_drifts, one_session_per_graph, shape_plan)
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
@@ -128,7 +128,10 @@ class Engine:
         """Create the sessions of the whole grid on `device` (replacing any existing ones)."""
         self._sessions, self._shared, self._decoder = {}, {}, None
         self.stats.shared_weight_bytes, self.stats.session_rss = 0, {}
-        precision = choose_precision(self.options.precision, device, self.model.manifest.files)
+        drifts = int8_drifts(self.model.manifest, device)
+        precision = choose_precision(self.options.precision, device, self.model.manifest.files, drifts)
+        if drifts:
+            log.warning(INT8_DRIFT_WARNING, self.model.path, precision)
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")

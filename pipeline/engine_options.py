@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .batching import validate_batch_sizes
-from .providers import DEVICES
+from .modeldir import INT8_WEIGHT_BITS, ModelManifest
+from .providers import DEVICES, int8_kernels_saturate
 from .shapes import (DEFAULT_CPU_CONTAINERS, DEFAULT_CPU_TOKEN_CONTAINERS, DEFAULT_GPU_CONTAINERS,
                      DEFAULT_PARAFORMER_CPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, OPEN_STEP, ShapePolicy)
 
@@ -83,11 +84,24 @@ def session_key(batch: int, seconds: float) -> str:
     return f"{batch}x{seconds:g}s" if seconds else "all shapes"
 
 
-def choose_precision(requested: str, device: str, available: dict) -> str:
-    """auto: int8 on CPU (an int8 graph is a CPU optimisation), fp16 on GPUs, else fp32."""
+INT8_DRIFT_WARNING = (
+    "%s: its int8 graph has 8-bit weights, which this CPU's int8 kernels saturate (x86 without VNNI), so its "
+    "answers drift from fp32's here; serving %s. Export it again (`python -m export pull NAME --force`, or the "
+    "export command that made it) for 7-bit weights, which every CPU computes exactly")
+
+
+def int8_drifts(manifest: ModelManifest, device: str) -> bool:
+    """The model's int8 graph has 8-bit weights and this CPU's int8 kernels saturate them (modeldir.INT8_WEIGHT_BITS)."""
+    return (device == "cpu" and "int8" in manifest.files and manifest.int8_weight_bits > INT8_WEIGHT_BITS
+            and int8_kernels_saturate())
+
+
+def choose_precision(requested: str, device: str, available: dict, int8_drifts: bool = False) -> str:
+    """auto: int8 on CPU (an int8 graph is a CPU optimisation) unless its answers drift there (int8_drifts),
+    fp16 on GPUs, else fp32."""
     if requested != "auto":
         return requested
-    preferred = "int8" if device == "cpu" else "fp16"
+    preferred = "fp16" if device != "cpu" else "fp32" if int8_drifts else "int8"
     return preferred if preferred in available else "fp32"
 
 

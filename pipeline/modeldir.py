@@ -31,6 +31,15 @@ FREE_DIMENSIONS = ("batch", "samples")
 INPUT_NAMES = ("audio", "audio_lengths", "language", "textnorm")
 OUTPUT_NAMES = ("logprobs", "logprob_lengths")
 DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs")
+# The int8 graphs' weights are 7-bit integers ([-64, 64], onnxruntime's reduce_range; export/onnx_export.py).
+# x86 CPUs without VNNI (AVX2, and AVX-512 before it) multiply u8 activations by s8 weights with vpmaddubsw,
+# which adds each pair of products into 16 bits and saturates: 8-bit weights reach 255 x 127 x 2 = 64770 there,
+# so one graph computed other integers on those CPUs than on VNNI ones (on an AVX2 EPYC every random
+# released-size SenseVoice failed int8 verify; docs/benchmarks.md, "int8 on CPUs without VNNI"). 7-bit pairs stay
+# under 2^15: every CPU computes the exact integers, with the fast kernel. (u8 weights, FunASR's QUInt8, are exact
+# too, but take 1.6-1.8x the time on VNNI CPUs: export/paraformer.py.) A manifest without `int8_weight_bits`
+# is from before: 8.
+INT8_WEIGHT_BITS = 7
 # Paraformer (architecture "paraformer") runs as two graphs. Stage one (`files`): audio and lengths in; the
 # encoder output and its valid frames, the CIF token embeddings and count, CIF weights and peaks, and the
 # valid CIF frames out. Stage two (`decoder_files`): the encoder output, its lengths, the first `tokens`
@@ -91,6 +100,7 @@ class ModelManifest:
     # Families served by several graphs (architecture "qwen3-asr": export/qwen3_asr.py): precision ->
     # graph name -> file; `files` then names each precision's first graph. Empty for one-graph families.
     graphs: dict = field(default_factory=dict)
+    int8_weight_bits: int = INT8_WEIGHT_BITS  # of the int8 graphs' weights (see INT8_WEIGHT_BITS)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False) + "\n"
@@ -137,6 +147,7 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise ModelLoadError(f"{manifest_path}: not a {MANIFEST_FORMAT} manifest", path=str(path))
     known = {f.name for f in dataclasses.fields(ModelManifest)}
+    raw = {"int8_weight_bits": 8} | raw  # exported before 7-bit weights
     try:
         manifest = ModelManifest(**{k: v for k, v in raw.items() if k in known})
     except TypeError as exc:

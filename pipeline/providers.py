@@ -15,6 +15,7 @@ session really started). The environment variable INFERENCE_DEVICE is read here 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -218,3 +219,20 @@ class SessionRunner:
         for name, value in self._outputs.items():  # every output: the captured graph writes them all
             binding.bind_ortvalue_output(name, value)
         self._binding = binding
+
+
+# One MatMulInteger: u8 [1, 2] times the s8 initializer [[127], [127]] (tests/pipeline/test_providers.py makes
+# these bytes again with the onnx package, which serving does not import).
+_SATURATION_PROBE = (b"\x08\x05\x12\x06unipad:j\n\x18\n\x01a\n\x01b\x12\x01y\"\rMatMulInteger\x12\x15int8_saturation"
+                     b"_probe*\r\x08\x02\x08\x01\x10\x03B\x01bJ\x02\x7f\x7fZ\x13\n\x01a\x12\x0e\n\x0c\x08\x02\x12\x08\n"
+                     b"\x02\x08\x01\n\x02\x08\x02b\x13\n\x01y\x12\x0e\n\x0c\x08\x06\x12\x08\n\x02\x08\x01\n\x02\x08"
+                     b"\x01B\x04\n\x00\x10\n")
+
+
+@functools.cache
+def int8_kernels_saturate() -> bool:
+    """Whether this onnxruntime's CPU int8 kernels add u8 x s8 products in 16 bits with saturation (x86 without
+    VNNI: pipeline/modeldir.py INT8_WEIGHT_BITS says what follows): 255 x 127 twice is 64770, or 32767 there."""
+    session = ort.InferenceSession(_SATURATION_PROBE, providers=["CPUExecutionProvider"])
+    return int(session.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0][0, 0]) != 2 * 255 * 127
+
