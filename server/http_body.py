@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 
 import h11
 from websockets.asyncio.server import ServerConnection
+from websockets.protocol import CONNECTING, OPEN
 from websockets.datastructures import Headers
 
 log = logging.getLogger(__name__)
@@ -168,13 +169,23 @@ class BodyAwareConnection(ServerConnection):
         self._start = b""  # the first bytes, until the method is known
         self._routed: asyncio.Future[bool] = self.loop.create_future()  # True: ours; False: websockets'
         self.exchange: HttpExchange | None = None
+        # A GET's bytes after its head, until websockets has answered it. websockets parses whatever follows a
+        # handshake request as WebSocket frames at once, so a second request pipelined behind a plain GET
+        # (HTTP/1.1 allows it) failed the connection and the first got no answer. Held, they are fed after an
+        # upgrade (frames a client sent early) and dropped after a plain answer, which closes the connection:
+        # an HTTP/1.1 client sends again what a closed connection did not answer.
+        self._head_tail = b""  # the last bytes of the head so far, to find its end across packets
+        self._after_head: bytearray | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.exchange is not None:
             self.exchange.receive(data)
             return
+        if self._after_head is not None:
+            self._after_head += data
+            return
         if self._routed.done():
-            super().data_received(data)
+            self._to_websockets(data)
             return
         self._start += data
         method, space, _ = self._start.partition(b" ")
@@ -183,11 +194,26 @@ class BodyAwareConnection(ServerConnection):
         start, self._start = self._start, b""
         if method == b"GET" or not space:
             self._routed.set_result(False)
-            super().data_received(start)
+            self._to_websockets(start)
             return
         self.exchange = HttpExchange(self)
         self._routed.set_result(True)
         self.exchange.receive(start)
+
+    def _to_websockets(self, data: bytes) -> None:
+        """A GET's bytes to websockets, up to the end of its head while it is unanswered (see __init__)."""
+        if self.protocol.state is not CONNECTING:
+            super().data_received(data)
+            return
+        seen = self._head_tail + data
+        end = seen.find(b"\r\n\r\n")
+        if end < 0:
+            self._head_tail = seen[-3:]
+            super().data_received(data)
+            return
+        cut = end + 4 - len(self._head_tail)
+        self._after_head = bytearray(data[cut:])
+        super().data_received(data[:cut])
 
     def eof_received(self) -> bool | None:
         if self.exchange is not None:
@@ -205,7 +231,12 @@ class BodyAwareConnection(ServerConnection):
         await asyncio.wait_for(asyncio.wait([self._routed, self.connection_lost_waiter],
                                             return_when=asyncio.FIRST_COMPLETED), OPEN_TIMEOUT)
         if not self._routed.done() or not self._routed.result():
-            await asyncio.wait_for(super().handshake(*args, **kwargs), max(0.0, deadline - self.loop.time()))
+            try:
+                await asyncio.wait_for(super().handshake(*args, **kwargs), max(0.0, deadline - self.loop.time()))
+            finally:
+                held, self._after_head = self._after_head, None
+                if held and self.protocol.state is OPEN:
+                    super().data_received(bytes(held))
             return
         assert self.exchange is not None
         try:

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 import websockets
+from websockets.frames import Frame, Opcode
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.engine import Engine, EngineOptions
@@ -112,6 +113,34 @@ async def test_static_page_and_unknown_paths(serve_test_server):
         assert status == 404
     if page is not None:
         assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
+
+
+async def test_pipelined_requests_get_the_first_answered(serve_test_server, speech):
+    """HTTP/1.1 lets a client send its next request before the answer: the first is answered (the server
+    closes after each answer, and the client sends the rest again), where websockets read the second as
+    WebSocket frames and the first got nothing. A WebSocket client that sends frames right behind its
+    handshake keeps them."""
+    async with serve_test_server() as url:
+        request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{url.port}\r\n\r\n".encode()
+        for piece in (len(request) * 2, len(request) - 2):  # both in one packet; the first head's end split
+            reader, writer = await asyncio.open_connection("127.0.0.1", url.port)
+            writer.write((request * 2)[:piece])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write((request * 2)[piece:])
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1") == 1, answer[:200]
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", url.port)
+        writer.write(f"GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1:{url.port}\r\nUpgrade: websocket\r\n"
+                     "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+                     + Frame(Opcode.TEXT, json.dumps({"type": "start"}).encode()).serialize(mask=True))
+        assert b" 101 " in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        frame = await asyncio.wait_for(reader.readuntil(b'"ready"'), 10)  # the server's answer to "start"
+        writer.close()
+        assert frame[0] == 0x81, frame  # a text frame, the session's first
 
 
 async def test_stream_path_with_a_trailing_slash(serve_test_server, speech):
