@@ -47,12 +47,18 @@ def weight_names(path: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def external_dir(tmp_path_factory) -> Path:
-    """The tiny model exported as a full-size one is: every graph's weights in "<graph>.data"."""
+def external_export(tmp_path_factory):
+    """The tiny model exported as a full-size one is: every graph's weights in "<graph>.data"; and the model,
+    which write() spent."""
     model = random_model("tiny", DEFAULT_SEED)
     out = tmp_path_factory.mktemp("lean") / "qwen3-tiny-external"
     return write(model, synthetic_tokens(model.dims), out, PRECISIONS, "qwen3-tiny-external", {"kind": "random-init"},
-                 CONTAINER, MAX_NEW_TOKENS, external_data=True)
+                 CONTAINER, MAX_NEW_TOKENS, external_data=True), model
+
+
+@pytest.fixture(scope="module")
+def external_dir(external_export) -> Path:
+    return external_export[0]
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -66,14 +72,17 @@ def test_external_weights_decode_as_inline_ones(qwen3_model_dir, external_dir, p
     assert_same_decoding(decoded(external_dir, precision), decoded(qwen3_model_dir, precision))
 
 
-def test_the_export_frees_the_model(tmp_path):
+def test_the_export_frees_the_model(external_export, qwen3_released_model_dir):
     """write() spends the model: its weights are gone once the graphs are written (the export's peak is
-    the model once, not the model plus the quantiser's work)."""
-    model = random_model("tiny", DEFAULT_SEED)
-    write(model, synthetic_tokens(model.dims), tmp_path / "m", ("int8",), "m", {}, CONTAINER, MAX_NEW_TOKENS)
+    the model once, not the model plus the quantiser's work). An int8-only export (conftest's, from a
+    released checkpoint) keeps none of the fp32 graphs it was quantised from."""
+    out, model = external_export
     assert all(p.is_meta for p in model.parameters())
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == sorted(
-        ["manifest.json", "tokens.txt", *GRAPH_FILES["int8"].values()])
+    graphs = [file for precision in PRECISIONS for file in GRAPH_FILES[precision].values()]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json", "tokens.txt", *graphs, *(external_data_file(out / g).name for g in graphs)])
+    assert sorted(p.name for p in qwen3_released_model_dir.iterdir()) == sorted(
+        ["manifest.json", "tokens.txt", "merges.txt", *GRAPH_FILES["int8"].values()])
 
 
 @pytest.mark.parametrize("external, per_channel", [(False, False), (True, False), (True, True)])
