@@ -152,6 +152,8 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
         manifest = ModelManifest(**{k: v for k, v in raw.items() if k in known})
     except TypeError as exc:
         raise ModelLoadError(f"{manifest_path}: incomplete manifest ({exc})", path=str(path)) from None
+    if manifest.int8_weight_bits not in (7, 8):
+        raise ModelLoadError(f"{manifest_path}: int8_weight_bits {manifest.int8_weight_bits!r}, expected 7 or 8")
     if manifest.sample_rate != SAMPLE_RATE:
         raise ModelLoadError(f"{manifest_path}: sample rate {manifest.sample_rate}, expected {SAMPLE_RATE}")
     try:

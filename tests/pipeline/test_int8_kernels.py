@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.engine import Engine, EngineOptions, choose_precision
+from pipeline.errors import ModelLoadError
 from pipeline.modeldir import INT8_WEIGHT_BITS, read_model_directory
 from pipeline.providers import _SATURATION_PROBE, int8_kernels_saturate
 
@@ -83,6 +85,10 @@ def test_a_manifest_from_before_seven_bit_weights_reads_as_eight(tmp_path, caplo
     del manifest["int8_weight_bits"]
     (old / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     assert read_model_directory(old).manifest.int8_weight_bits == 8
+    (old / "manifest.json").write_text(json.dumps(manifest | {"int8_weight_bits": "8"}), encoding="utf-8")
+    with pytest.raises(ModelLoadError, match="int8_weight_bits '8', expected 7 or 8"):
+        read_model_directory(old)
+    (old / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="pipeline.engine"):
         engine = Engine(old, EngineOptions(device="cpu", containers=(2.0,))).load()
     warned = [r for r in caplog.records if "8-bit weights" in r.getMessage()]
