@@ -20,6 +20,7 @@ from openai_testkit import DEMO, HELD_OUT, TOKEN, knows_words, own_protocol_text
 from pipeline.audio import SAMPLE_RATE
 from server_testkit import eventually, http_get, wav16
 from server.openai_http import MAX_UPLOAD_BYTES
+from server.upload_sequence import ARRIVAL_EARLY, ARRIVAL_LATE
 
 
 async def test_sdk_transcribes_in_every_format(serve_test_server, test_model_dir):
@@ -187,24 +188,37 @@ async def test_an_inference_failure_mid_stream_is_an_error_event(serve_test_serv
 
 
 async def test_a_batch_of_files_sent_one_after_another_stands_alone(serve_test_server):
-    """A client transcribing files one after another, at any pace: none is heard after an earlier one. Sent
-    every 0.6 s, the demo fixtures cut tight (1-2 s of speech each) fitted the timing of the file sent two or
-    three before, and were heard after it: "volume up five" came back "up five" (server/upload_sequence.py
-    joins only a client's previous upload)."""
-    clips = []
+    """A client transcribing files one after another: none is heard after an earlier one. Sent every 0.6 s,
+    the demo fixtures cut tight (1-2 s of speech each) fitted the timing of the file sent two or three before,
+    and were heard after it: "volume up five" came back "up five" (server/upload_sequence.py joins only a
+    client's previous upload). A file that comes as long after the previous one as it lasts is a real-time
+    piece by that rule, and may be joined: on a loaded machine the answers slow the sends down to that pace
+    (CI saw one), so such a file is not held to its own text, and most must come at the test's pace."""
+    clips, seconds = [], []
     for path in sorted(DEMO.glob("single_0*.wav")):
         audio, _ = soundfile.read(path, dtype="float32")
         sound = np.flatnonzero(np.abs(audio) > 0.01)
-        clips.append(wav16(audio[max(0, sound[0] - 80): sound[-1] + 80]))
+        tight = audio[max(0, sound[0] - 80): sound[-1] + 80]
+        clips.append(wav16(tight))
+        seconds.append(len(tight) / SAMPLE_RATE)
+    margin = 0.15  # the server notes an arrival when the form is read, a little after the client sent it
     async with serve_test_server(token=TOKEN) as url:
         client = sdk(url)
         alone = [(await client.audio.transcriptions.create(model=f"alone-{n}", file=("a.wav", clip))).text
                  for n, clip in enumerate(clips)]
-        began = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        began, previous, checked = loop.time(), None, 0
         for n in range(3 * len(clips)):
-            await asyncio.sleep(max(0.0, began + 0.6 * n - asyncio.get_running_loop().time()))
+            await asyncio.sleep(max(0.0, began + 0.6 * n - loop.time()))
+            now = loop.time()
+            paced_as_pieces = previous is not None and (
+                -ARRIVAL_EARLY - margin <= now - previous - seconds[n % len(clips)] <= ARRIVAL_LATE + margin)
             got = await client.audio.transcriptions.create(model="whisper-1", file=("a.wav", clips[n % len(clips)]))
-            assert got.text == alone[n % len(clips)], (n, got.text, alone)
+            if not paced_as_pieces:
+                assert got.text == alone[n % len(clips)], (n, got.text, alone)
+                checked += 1
+            previous = now
+        assert checked >= 2 * len(clips), checked
 
 
 async def test_a_stalled_upload_is_answered_408(serve_test_server, monkeypatch):
