@@ -149,8 +149,9 @@ def _gemms_as_matmuls(graph, initializers: dict, transposed: dict[str, str]) -> 
 
 def quantize_weight(data):
     """(zero point, scale, int8 values) of the flat float32 `data` as ONNX Runtime's quantize_data gives them
-    for symmetric QInt8 in INT8_REDUCE_RANGE's 7 bits (its own two steps: the range of the whole tensor, then each element), the elements
-    a slice at a time: its temporaries are a few copies of the tensor, 6 GB for the 1.7B lm_head."""
+    for symmetric QInt8 in INT8_REDUCE_RANGE's 7 bits (its own two steps: the range of the whole tensor, then
+    each element), the elements a slice at a time: its temporaries are a few copies of the tensor, 6 GB for the
+    1.7B lm_head."""
     import numpy as np
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import compute_data_quant_params, quantize_nparray

@@ -147,6 +147,7 @@ def _dynamic(model, per_channel: bool, chosen: list[str] | None, excluded: list[
         src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
         onnx.save_model(model, str(src), save_as_external_data=True, location="in.onnx.data", size_threshold=1024)
         quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"], weight_type=QuantType.QInt8,
-                         per_channel=per_channel, reduce_range=INT8_REDUCE_RANGE, nodes_to_quantize=chosen or [], nodes_to_exclude=excluded,
-                         use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
+                         per_channel=per_channel, reduce_range=INT8_REDUCE_RANGE, nodes_to_quantize=chosen or [],
+                         nodes_to_exclude=excluded, use_external_data_format=True,
+                         extra_options={"MatMulConstBOnly": True})
         return onnx.load(str(dst))

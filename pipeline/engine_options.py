@@ -91,17 +91,18 @@ INT8_DRIFT_WARNING = (
 
 
 def int8_drifts(manifest: ModelManifest, device: str) -> bool:
-    """The model's int8 graph has 8-bit weights and this CPU's int8 kernels saturate them (modeldir.INT8_WEIGHT_BITS)."""
+    """The model's int8 graph has 8-bit weights and this CPU's int8 kernels saturate them
+    (modeldir.INT8_WEIGHT_BITS)."""
     return (device == "cpu" and "int8" in manifest.files and manifest.int8_weight_bits > INT8_WEIGHT_BITS
             and int8_kernels_saturate())
 
 
-def choose_precision(requested: str, device: str, available: dict, int8_drifts: bool = False) -> str:
-    """auto: int8 on CPU (an int8 graph is a CPU optimisation) unless its answers drift there (int8_drifts),
+def choose_precision(requested: str, device: str, available: dict, int8_drifting: bool = False) -> str:
+    """auto: int8 on CPU (an int8 graph is a CPU optimisation) unless its answers drift there (`int8_drifts`),
     fp16 on GPUs, else fp32."""
     if requested != "auto":
         return requested
-    preferred = "fp16" if device != "cpu" else "fp32" if int8_drifts else "int8"
+    preferred = "fp16" if device != "cpu" else "fp32" if int8_drifting else "int8"
     return preferred if preferred in available else "fp32"
 
 

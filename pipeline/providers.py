@@ -221,7 +221,7 @@ class SessionRunner:
         self._binding = binding
 
 
-# One MatMulInteger: u8 [1, 2] times the s8 initializer [[127], [127]] (tests/pipeline/test_providers.py makes
+# One MatMulInteger: u8 [1, 2] times the s8 initializer [[127], [127]] (tests/pipeline/test_int8_kernels.py makes
 # these bytes again with the onnx package, which serving does not import).
 _SATURATION_PROBE = (b"\x08\x05\x12\x06unipad:j\n\x18\n\x01a\n\x01b\x12\x01y\"\rMatMulInteger\x12\x15int8_saturation"
                      b"_probe*\r\x08\x02\x08\x01\x10\x03B\x01bJ\x02\x7f\x7fZ\x13\n\x01a\x12\x0e\n\x0c\x08\x02\x12\x08\n"

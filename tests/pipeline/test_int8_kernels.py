@@ -73,9 +73,9 @@ def test_seven_bit_weights_are_exact_on_this_cpu():
 
 def test_an_old_export_is_served_in_fp32_where_its_int8_drifts():
     both = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
-    assert choose_precision("auto", "cpu", both, int8_drifts=True) == "fp32"
-    assert choose_precision("int8", "cpu", both, int8_drifts=True) == "int8"  # asked for: served, with the warning
-    assert choose_precision("auto", "cpu", both, int8_drifts=False) == "int8"
+    assert choose_precision("auto", "cpu", both, int8_drifting=True) == "fp32"
+    assert choose_precision("int8", "cpu", both, int8_drifting=True) == "int8"  # asked for: served, with the warning
+    assert choose_precision("auto", "cpu", both, int8_drifting=False) == "int8"
 
 
 def test_a_manifest_from_before_seven_bit_weights_reads_as_eight(tmp_path, caplog):
