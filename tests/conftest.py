@@ -166,10 +166,11 @@ def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def qwen3_released_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The `qwen-asr` package's tiny model in Qwen's released layout with a small byte-level BPE tokenizer
-    (tests/qwen3_released.py), exported by `python -m export qwen3-asr --checkpoint` in int8, an 8 s container:
-    a Qwen3-ASR that takes hotwords (its merges.txt encodes them into the prompt)."""
+    (tests/qwen3_released.py), exported by `python -m export qwen3-asr --checkpoint` in fp32 and int8, an 8 s
+    container, as many new tokens as the fixture's reference decoded: fp32 must decode the reference's tokens,
+    and it is a Qwen3-ASR that takes hotwords (its merges.txt encodes them into the prompt)."""
     from export.__main__ import main
-    from qwen3_released import released_files
+    from qwen3_released import CONFIG, released_files
 
     def export(out: Path) -> None:
         checkpoint = out.parent / "qwen3-released-checkpoint"
@@ -177,7 +178,7 @@ def qwen3_released_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for name, data in released_files().items():
             (checkpoint / name).write_bytes(data)
         argv = ["qwen3-asr", "--checkpoint", str(checkpoint), "--out", str(out), "--container", str(QWEN3_CONTAINER),
-                "--max-new-tokens", str(QWEN3_MAX_NEW_TOKENS), "--precision", "int8"]
+                "--max-new-tokens", str(CONFIG["max_new_tokens"]), "--precision", "fp32,int8"]
         assert main(argv) == 0
 
     return exported_once(tmp_path_factory, "qwen3-released", export)

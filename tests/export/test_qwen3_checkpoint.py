@@ -19,6 +19,7 @@ import torch
 from hub_mirror import HubMirror, MirrorFile
 
 from export.__main__ import main
+from export.qwen3_asr import GRAPH_FILES
 from pipeline import catalog
 from pipeline.catalog import QWEN3_ASR_0_6B, HubFile
 from pipeline.modeldir import read_model_directory
@@ -56,10 +57,10 @@ def decoder(model_dir: Path, precision: str) -> Qwen3Decoder:
     return Qwen3Decoder(made, dims["prompt"], Qwen3Shapes.from_dimensions(dims))
 
 
-def test_checkpoint_exports_the_reference_model(checkpoint, tmp_path):
-    out = tmp_path / "model"
-    assert main(["qwen3-asr", "--checkpoint", str(checkpoint), "--out", str(out), "--container", "8",
-                 "--max-new-tokens", str(CONFIG["max_new_tokens"]), "--precision", "fp32"]) == 0
+def test_checkpoint_exports_the_reference_model(qwen3_released_model_dir):
+    """conftest's export of the released layout (`--checkpoint`, fp32 and int8): the prompt's tokens looked
+    up by text, the tokenizer's files kept, and fp32 decodes the reference's tokens."""
+    out = qwen3_released_model_dir
     directory = read_model_directory(out)
     assert directory.manifest.source["kind"] == "checkpoint"
     prompt = dict(directory.manifest.dimensions["prompt"])  # looked up by token text
@@ -72,7 +73,7 @@ def test_checkpoint_exports_the_reference_model(checkpoint, tmp_path):
     assert prompt == {k: CONFIG["dims"]["prompt"][k] for k in ("prefix", "suffix", "audio_token_id", "eos_token_ids")}
     assert set(directory.manifest.languages) == {"auto", *languages}
     assert [directory.tokens[i] for i in SPECIAL] == list(SPECIAL.values()) and directory.tokens[13] == "Ċ"
-    assert (out / "merges.txt").read_bytes() == (checkpoint / "merges.txt").read_bytes()  # to encode hotwords
+    assert (out / "merges.txt").read_bytes() == released_files()["merges.txt"]  # to encode hotwords
     fp32 = decoder(out, "fp32")
     for clip in CONFIG["clips"]:
         assert fp32.decode(clip_audio(clip)).tokens == REFERENCE[f"tokens_{clip}"].tolist(), clip
@@ -108,6 +109,9 @@ async def test_pull_then_serve_by_name(tmp_path, monkeypatch, capsys, speech, se
     assert hub.errors == []
     config = config_from_args(build_parser().parse_args(["--model", entry.name]))
     assert config.model == tmp_path / "unipad" / "models" / entry.name
+    # an int8-only export keeps none of the fp32 graphs it was quantised from
+    assert sorted(p.name for p in config.model.iterdir()) == sorted(
+        ["manifest.json", "tokens.txt", "merges.txt", *GRAPH_FILES["int8"].values()])
     async with serve_test_server(config.model) as url:
         async with connect(url, sample_rate=SAMPLE_RATE) as stream:
             assert stream.ready.model == entry.name

@@ -6,8 +6,9 @@ a CMVN file, and its inference() building the language / text-norm prompt rows. 
 - features: |ours - FunASR| <= 1e-4 + 1e-4 |FunASR| (float32 DFT-as-matmul vs kaldi-native-fbank's FFT;
   measured about 2e-5 on CMVN-normalised values of magnitude up to ~1.5);
 - log-probs from FunASR's own features: 1e-5 (the same float32 operations, isolates the encoder);
-- log-probs from audio, torch and the exported ONNX graph in a larger container: 1e-4 (measured 1.0e-5
-  and 8.6e-6).
+- log-probs from audio in torch: 1e-4 (measured 1.0e-5). The exported ONNX graph of the same weights, in a
+  larger container, is held to the same bound by tests/export/test_export_cli.py
+  (test_checkpoint_export_matches_funasr, through `python -m export sensevoice --checkpoint`; measured 8.6e-6).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 
 from models.frontend import read_am_mvn
 from models.sensevoice import ModelDimensions, SenseVoice, load_checkpoint_state, load_state_strict
-from pipeline.audio import SAMPLE_RATE, seconds_to_samples
+from pipeline.audio import SAMPLE_RATE
 
 PARITY = Path(__file__).resolve().parents[1] / "fixtures" / "parity"
 CONFIG = json.loads((PARITY / "config.json").read_text(encoding="utf-8"))
@@ -29,7 +30,6 @@ RUNS = sorted(CONFIG["runs"])
 FEATURE_TOL = 1e-4
 ENCODER_TOL = 1e-5
 LOGPROB_TOL = 1e-4
-CONTAINER_SECONDS = 5.0  # larger than the 2.2 s clip
 
 
 def greedy(logprobs: np.ndarray) -> list[int]:
@@ -67,17 +67,6 @@ def model() -> SenseVoice:
     load_state_strict(model, load_checkpoint_state(PARITY / "model.pt"))
     model.set_cmvn(*read_am_mvn(PARITY / "am.mvn"))
     return model.eval()
-
-
-@pytest.fixture(scope="module")
-def onnx_session(model: SenseVoice, tmp_path_factory: pytest.TempPathFactory):
-    """The parity model exported by the real exporter (fp32), with the container length fixed."""
-    from export.onnx_export import export_onnx
-    from export.verify import make_session
-
-    path = tmp_path_factory.mktemp("parity-onnx") / "model.onnx"
-    export_onnx(model, path)
-    return make_session(path, seconds_to_samples(CONTAINER_SECONDS))
 
 
 def test_fixture_is_not_trivial() -> None:
@@ -120,18 +109,3 @@ def test_torch_logprobs_match_funasr(model: SenseVoice, audio: np.ndarray, run: 
     assert int(lengths[0]) == logprobs.shape[1] == reference(run).shape[0]
     np.testing.assert_allclose(logprobs[0].numpy(), reference(run), rtol=0, atol=LOGPROB_TOL)
     assert greedy(logprobs[0].numpy()) == greedy(reference(run))
-
-
-@pytest.mark.parametrize("run", RUNS)
-def test_onnx_in_container_matches_funasr(onnx_session, audio: np.ndarray, run: str) -> None:
-    container = np.random.default_rng(7).uniform(-1, 1, seconds_to_samples(CONTAINER_SECONDS)).astype(np.float32)
-    container[: len(audio)] = audio  # garbage after the valid samples: the graph must ignore it
-    language, textnorm = (t.numpy().astype(np.int32) for t in prompts(run))
-    logprobs, lengths = onnx_session.run(["logprobs", "logprob_lengths"], {
-        "audio": container[None], "audio_lengths": np.array([len(audio)], np.int32),
-        "language": language, "textnorm": textnorm,
-    })
-    valid = logprobs[0, : int(lengths[0])]
-    assert valid.shape == reference(run).shape
-    np.testing.assert_allclose(valid, reference(run), rtol=0, atol=LOGPROB_TOL)
-    assert greedy(valid) == greedy(reference(run))
