@@ -22,7 +22,6 @@ Chinese and Japanese words inside a sentence carry none.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
@@ -33,6 +32,7 @@ from typing import Any, Sequence
 
 from .decoding import SPECIAL_TOKENS, WORD_START, is_cjk
 from .errors import ProtocolError
+from .json_text import loads_shallow
 from .modeldir import ModelDirectory
 
 DEFAULT_BOOST = 1.5  # bonus per matched token (sherpa-onnx's default context score)
@@ -117,7 +117,7 @@ def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
         return ()
     if isinstance(value, str):
         try:
-            parsed = json.loads(value)
+            parsed = loads_shallow(value)
         except ValueError:
             parsed = None
         value = parsed if isinstance(parsed, (dict, list)) else _weight_lines(value)  # "2024" is a word too

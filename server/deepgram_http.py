@@ -28,6 +28,7 @@ from websockets.http11 import Request, Response
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError, OverloadError, ProtocolError
+from pipeline.json_text import loads_shallow
 
 from .audio_file import BLOCK_SECONDS, file_blocks, mono_blocks, open_audio
 from .deepgram_audio import PcmDecoder
@@ -258,7 +259,7 @@ class DeepgramFile(FileTranscription):
 
 def _url_of(body: bytes) -> str:
     try:
-        url = json.loads(body).get("url") if len(body) <= MAX_JSON_BODY else None
+        url = loads_shallow(body).get("url") if len(body) <= MAX_JSON_BODY else None
     except (ValueError, AttributeError):
         url = None
     if not isinstance(url, str):

@@ -27,16 +27,17 @@ from websockets.asyncio.server import ServerConnection
 
 from pipeline.audio import AudioFormat, check_format
 from pipeline.errors import AudioFormatError, UnipadError
+from pipeline.json_text import loads_shallow
 from pipeline.segmenter import PartialDue, SegmentFinished, SpeechStarted
 from pipeline.stream import StreamSession
 from pipeline.trim import Continuation, prepared
 
 from .deepgram_audio import MAX_WAV_HEADER, PcmDecoder, read_wav_header
 from .deepgram_http import hotword_graph
-from .deepgram_shapes import (ListenOptions, error_message, metadata_message, results, results_metadata,
+from .deepgram_shapes import (MAX_CHANNELS, ListenOptions, error_message, metadata_message, results, results_metadata,
                               speech_started, utterance_end)
 from .protocol import CLOSE_GOING_AWAY, CLOSE_NORMAL
-from .outbox import Outbox, Outgoing
+from .outbox import Outbox
 from .streaming import StreamConnection, check_text_size
 from .worker import FINAL, PARTIAL, Job
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .server import Server
 
 log = logging.getLogger(__name__)
+KEEPALIVE_FREE_EVERY = 1.0  # seconds; Deepgram asks for a KeepAlive every 3-5 s without audio
 OUTBOX_LIMIT = 256  # messages waiting for a client: finals, SpeechStarted and UtteranceEnd of every channel
 
 
@@ -97,6 +99,7 @@ class DeepgramConnection(StreamConnection):
         self._decoder: PcmDecoder | None = None
         self._header = b""  # containerised audio: the first bytes, until the WAV header is read
         self._rate = self.options.sample_rate or 0
+        self._audio_channels = self.options.channels  # the query's, or a WAV header's once read
         self._frames = 0  # sample frames received (all channels share them)
         self._sha = hashlib.sha256()  # of the audio bytes, for Metadata
         self._channels: list[_Channel] = []
@@ -106,6 +109,7 @@ class DeepgramConnection(StreamConnection):
         self._next_segment = 0
         self._finished = 0  # segments finished, every channel's (the end-of-stream log)
         self._hotwords: Any = None
+        self._opened, self._free_keepalives = time.monotonic(), 0
 
     # ---- the conversation ------------------------------------------------------------------------------
 
@@ -121,12 +125,14 @@ class DeepgramConnection(StreamConnection):
             if message is None:
                 await self._end(CLOSE_GOING_AWAY, "server shutting down")
                 return
-            self._check_flood(self._seconds())
             if isinstance(message, bytes):
+                self._check_flood(self._seconds())
                 await self._audio(message)
                 continue
             check_text_size(message)
             kind = _message_type(message)
+            if not self._free_keepalive(kind):
+                self._check_flood(self._seconds())
             if kind == "CloseStream":
                 await self._end(CLOSE_NORMAL, "")
                 return
@@ -136,22 +142,35 @@ class DeepgramConnection(StreamConnection):
                 self._put(error_message(f"unknown message {kind!r}: send audio as binary messages, or KeepAlive, "
                                         "Finalize or CloseStream", "SchemaError", message[:200]))
 
+    def _free_keepalive(self, kind: str) -> bool:
+        """Whether this message is a KeepAlive that the flood policy does not count: one a second of the
+        stream's life (and one more), however they bunch up on the way. KeepAlive holds a stream open that
+        sends no audio (a muted microphone, for an hour), where the policy's allowance, counted in seconds
+        of audio, does not grow."""
+        if kind != "KeepAlive":
+            return False
+        if self._free_keepalives >= 1 + (time.monotonic() - self._opened) / KEEPALIVE_FREE_EVERY:
+            return False
+        self._free_keepalives += 1
+        return True
+
     async def _end(self, code: int, reason: str) -> None:
         """Every final, then Metadata, then the close."""
         await self._finalize("close")
         await self._until_closed(self._finals_sent.wait())
-        self._put(metadata_message(request_id=self.request_id, sha256=self._sha.hexdigest(), duration=self._seconds(), channels=self.options.channels,
-                                   served=self.app.model_name, requested=self.options.model))
+        self._put(metadata_message(request_id=self.request_id, sha256=self._sha.hexdigest(), duration=self._seconds(),
+                                   channels=self._audio_channels, served=self.app.model_name,
+                                   requested=self.options.model))
         await self._close(code, reason)
 
     def _start(self, encoding: str, rate: int, channels: int) -> None:
         """The audio's format is known (the query's, or a WAV header's): one _Channel per stream."""
-        if channels != self.options.channels and self.options.multichannel:
-            raise AudioFormatError(f"the WAV has {channels} channels, the request says channels="
-                                   f"{self.options.channels}")
+        # A WAV's header gives its channels, whatever the query says (as the pre-recorded door reads it)
+        if self.options.multichannel and channels > MAX_CHANNELS:  # each channel is a stream of its own
+            raise AudioFormatError(f"the WAV has {channels} channels; multichannel=true takes at most {MAX_CHANNELS}")
         fmt = AudioFormat(rate, "f32le", 1)
         check_format(fmt)  # a WAV's rate (the query's was checked at the handshake)
-        self._decoder, self._rate = PcmDecoder(encoding, channels), rate
+        self._decoder, self._rate, self._audio_channels = PcmDecoder(encoding, channels), rate, channels
         options = self.app.segmenter_options
         end_silence = options.end_silence if self.options.endpointing_ms is None else self.options.endpointing_ms / 1000
         options = dataclasses.replace(options, end_silence=end_silence, post_roll=min(options.post_roll, end_silence))
@@ -328,7 +347,7 @@ class DeepgramConnection(StreamConnection):
 
 def _message_type(text: str) -> str:
     try:
-        data = json.loads(text)
+        data = loads_shallow(text)
     except ValueError:
         return "(not JSON)"
     kind = data.get("type") if isinstance(data, dict) else None
@@ -354,13 +373,5 @@ class _ChannelOutbox(Outbox):
     def discard_channel_partial(self, channel: int) -> bool:
         return self._slots.pop(channel, None) is not None
 
-    async def get(self) -> Outgoing | None:
-        while True:
-            if self._items:
-                return self._items.popleft()
-            if self._slots and not self.closed:
-                return Outgoing(self._slots.pop(next(iter(self._slots))))
-            if self.closed:
-                return None
-            self._wake.clear()
-            await self._wake.wait()
+    def _take_partial(self) -> Any:
+        return self._slots.pop(next(iter(self._slots))) if self._slots else None

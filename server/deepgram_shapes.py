@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE
 from pipeline.hotwords import DEFAULT_BOOST, MAX_BOOST, Hotword, make_hotword
-from pipeline.errors import ProtocolError
+from pipeline.errors import ProtocolError, quoted
 
 from .deepgram_audio import WIRE_ENCODINGS
 
@@ -81,12 +81,13 @@ def _flag(name: str, value: str) -> bool:
         return True
     if value.lower() in ("false", "0"):
         return False
-    raise DeepgramError(400, f"{name}={value!r}: expected true or false")
+    raise DeepgramError(400, f"{name}={quoted(value)}: expected true or false")
 
 
 def _int(name: str, value: str, low: int, high: int) -> int:
-    if not re.fullmatch(r"\d+", value) or not low <= int(value) <= high:
-        raise DeepgramError(400, f"{name}={value!r}: expected an integer from {low} to {high}")
+    # ASCII digits, at most 18: int() refuses more than 4300 digits, and takes other scripts' digits too
+    if not re.fullmatch(r"[0-9]{1,18}", value) or not low <= int(value) <= high:
+        raise DeepgramError(400, f"{name}={quoted(value)}: expected an integer from {low} to {high}")
     return int(value)
 
 
@@ -103,7 +104,7 @@ def _keyword(value: str) -> Hotword | None:
     try:
         return make_hotword(text, min(MAX_BOOST, DEFAULT_BOOST * intensifier))
     except ProtocolError as exc:
-        raise DeepgramError(400, f"keywords={value!r}: {exc}") from None
+        raise DeepgramError(400, f"keywords={quoted(value)}: {exc}") from None
 
 
 def model_language(value: str, languages: Iterable[str]) -> str:
@@ -114,7 +115,7 @@ def model_language(value: str, languages: Iterable[str]) -> str:
     for candidate in (value, value.lower(), value.split("-")[0].lower()):
         if candidate in known:
             return candidate
-    raise DeepgramError(400, f"language={value!r} is not supported by the served model; it knows "
+    raise DeepgramError(400, f"language={quoted(value)} is not supported by the served model; it knows "
                         f"{', '.join(k for k in known if k != 'auto')} (or multi)")
 
 
@@ -129,7 +130,7 @@ def parse_listen_query(query: str, languages: Iterable[str]) -> ListenOptions:
         fields["language"] = model_language(single["language"], languages)
     if "encoding" in single:
         if single["encoding"] not in WIRE_ENCODINGS:
-            raise DeepgramError(400, f"encoding={single['encoding']!r} is not supported; use "
+            raise DeepgramError(400, f"encoding={quoted(single['encoding'])} is not supported; use "
                                 f"{', '.join(WIRE_ENCODINGS)}, or no encoding for WAV")
         fields["encoding"] = single["encoding"]
         if "sample_rate" not in single:
@@ -162,7 +163,7 @@ def _keyword_plain(value: str) -> Hotword:
     try:
         return make_hotword(value)
     except ProtocolError as exc:
-        raise DeepgramError(400, f"keyterm={value!r}: {exc}") from None
+        raise DeepgramError(400, f"keyterm={quoted(value)}: {exc}") from None
 
 
 # ---- messages ------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class HttpExchange:
         self._wake = asyncio.Event()
         self._paused = False
         self._head_only = False  # a HEAD request: responses carry no body
+        self._declared_length: int | None = None  # the request's Content-Length
 
     def receive(self, data: bytes) -> None:
         """Bytes from the transport (b"" at EOF); called by the connection."""
@@ -81,10 +82,15 @@ class HttpExchange:
         if not isinstance(event, h11.Request):
             raise h11.RemoteProtocolError("no request")
         self._head_only = event.method == b"HEAD"
+        self._declared_length = next((int(v) for k, v in event.headers if k == b"content-length"), None)
         return event
 
     async def read_body(self, limit: int) -> bytes:
-        """The whole body, at most `limit` bytes (else BodyTooLarge: answer it, the rest is not read)."""
+        """The whole body, at most `limit` bytes (else BodyTooLarge: answer it, the rest is not read; a body
+        declared larger is refused before a byte of it is read, and before a client that waits for 100 Continue
+        sends it)."""
+        if self._declared_length is not None and self._declared_length > limit:
+            raise BodyTooLarge()
         if self._h11.they_are_waiting_for_100_continue:
             self.transport.write(self._h11.send(h11.InformationalResponse(status_code=100, headers=[])))
         body = bytearray()

@@ -21,23 +21,38 @@ class Outgoing:
 class Outbox:
     """Messages on their way to one client, sent in order by one task; at most one partial waits.
 
-    Bounded by construction: a session has at most MAX_FINALS_IN_FLIGHT finals plus a few control
-    messages queued; `limit` turns a bug into an error instead of unbounded memory. A partial is any
-    object with a `segment` number.
+    Bounded: a session has at most MAX_FINALS_IN_FLIGHT finals queued, and its connection reads no more
+    client messages while the outbox is crowded (half its limit: a burst of messages that are each answered,
+    a Wyoming describe, a Deepgram Finalize or a mistake, waits for the client to read the answers);
+    `limit` turns a bug into an error instead of unbounded memory. A partial is any object with a `segment`
+    number.
     """
 
     def __init__(self, limit: int = MAX_FINALS_IN_FLIGHT + 8) -> None:
         self._items: collections.deque[Outgoing] = collections.deque()
         self._partial: Any = None
         self._wake = asyncio.Event()
+        self._taken = asyncio.Event()  # set when get() takes a message
         self._limit = limit
         self.closed = False  # no more puts; get() returns None once drained
 
-    def put(self, item: Outgoing) -> None:
-        if len(self._items) >= self._limit:
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: Outgoing, last: bool = False) -> None:
+        """Queue `item`; `last`: the error a closing connection ends with, queued even when full."""
+        if len(self._items) >= self._limit and not last:
             raise RuntimeError(f"outbox over its bound of {self._limit} messages")
         self._items.append(item)
         self._wake.set()
+
+    def crowded(self) -> bool:
+        return len(self._items) >= self._limit // 2
+
+    async def taken(self) -> None:
+        """Return once get() takes a message."""
+        self._taken.clear()
+        await self._taken.wait()
 
     def put_partial(self, partial: Any) -> bool:
         """Queue a partial; returns True when it replaced an unsent one."""
@@ -60,11 +75,17 @@ class Outbox:
     async def get(self) -> Outgoing | None:
         while True:
             if self._items:
+                self._taken.set()
                 return self._items.popleft()
-            if self._partial is not None and not self.closed:
-                partial, self._partial = self._partial, None
+            partial = None if self.closed else self._take_partial()
+            if partial is not None:
                 return Outgoing(partial)
             if self.closed:
                 return None
             self._wake.clear()
             await self._wake.wait()
+
+    def _take_partial(self) -> Any:
+        """The waiting partial to send next (None if none), no longer waiting."""
+        partial, self._partial = self._partial, None
+        return partial

@@ -21,27 +21,20 @@ Times are seconds from the start of the stream. See docs/protocol.md.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, PCM_FORMATS, SAMPLE_RATE, AudioFormat
 from pipeline.errors import ProtocolError
 from pipeline.hotwords import Hotword, parse_hotwords
+from pipeline.json_text import loads_shallow
 
 from .resume import Resume, parse_resume
 
 STREAM_PATH = "/v1/stream"
 DEFAULT_PORT = 8765
 MAX_TEXT_MESSAGE = 64 * 1024  # a control message is small; audio goes in binary frames
-# Ours nest 4 deep at most. json.loads recurses once per level up to the interpreter's limit, and a
-# garbage collection at that depth fails every finalizer it runs: deeper input is refused unparsed.
-MAX_JSON_DEPTH = 32
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
-
 # WebSocket close codes we use (RFC 6455 and the IANA registry).
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # server shutting down
@@ -80,15 +73,6 @@ class Stop:
 
 
 ClientMessage = Union[Start, Stop]
-
-
-def loads_shallow(text: str) -> Any:
-    """json.loads for a client's message; ValueError when it is not JSON or nests past MAX_JSON_DEPTH."""
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:  # counted in C: only such text can be too deep
-        steps = (1 if b in "[{" else -1 for b in _JSON_BRACKET.findall(_JSON_STRING.sub('""', text)))
-        if max(itertools.accumulate(steps), default=0) > MAX_JSON_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-    return json.loads(text)
 
 
 def parse_json_object(text: str) -> dict[str, Any]:

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import quoted
+from pipeline.json_text import loads_shallow
 from pipeline.segmenter_options import MIN_HOLD, SegmenterOptions
-
-from .protocol import loads_shallow
 
 RATES = (24000, 16000)
 DEFAULT_RATE = 24000

@@ -176,7 +176,7 @@ class StreamConnection:
     async def _close(self, code: int, reason: str, error: Any = None) -> None:
         """Send what is queued (plus `error`), then close with `code`."""
         if error is not None:
-            self._put(error)
+            self.outbox.put(Outgoing(error), last=True)
         self.outbox.close()
         if self._sender is not None:
             await asyncio.wait({self._sender}, timeout=SEND_TIMEOUT)
@@ -205,7 +205,17 @@ class StreamConnection:
     # ---- receiving -----------------------------------------------------------------------------------
 
     async def _next_message(self) -> str | bytes | None:
-        """The next client message; None when the server starts shutting down; ProtocolError when idle."""
+        """The next client message; None when the server starts shutting down; ProtocolError when idle.
+        Not before the outbox has room: a client that sends faster than it reads our answers waits."""
+        while self.outbox.crowded():
+            assert self._sender is not None
+            taken = asyncio.ensure_future(self.outbox.taken())
+            try:
+                await asyncio.wait({taken, self._sender}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                taken.cancel()
+            if self._sender.done():  # it dropped a client that took nothing (_send)
+                raise StreamGone()
         return await self._receiver.next()
 
     def _check_flood(self, seconds: float) -> None:

@@ -119,7 +119,7 @@ class _Channel:
         self.remote_address = writer.get_extra_info("peername")
         self.transport = writer.transport
         self.protocol = types.SimpleNamespace(close_sent=None)  # websockets' name for "the code we closed with"
-        self._items: collections.deque[Event | ProtocolError] = collections.deque()
+        self._items: collections.deque[Event | Exception] = collections.deque()  # or the error reading stopped at
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._closed = asyncio.get_running_loop().create_future()
@@ -139,9 +139,12 @@ class _Channel:
                     await self._room.wait()
         except (ConnectionError, OSError):
             pass
+        except Exception as exc:  # noqa: BLE001 - a bug: the connection's recv() raises it (an internal error)
+            self._push(exc)
+            return
         self._set_closed()
 
-    def _push(self, *items: Event | ProtocolError) -> None:
+    def _push(self, *items: Event | Exception) -> None:
         self._items.extend(items)
         self._wake.set()
 
@@ -161,7 +164,7 @@ class _Channel:
                 waiter.cancel()
         item = self._items.popleft()
         self._room.set()
-        if isinstance(item, ProtocolError):
+        if isinstance(item, Exception):
             raise item
         return item
 

@@ -26,6 +26,7 @@ forty lines below.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +34,14 @@ import numpy as np
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE
 from pipeline.errors import ProtocolError, quoted
+from pipeline.json_text import loads_shallow
 
 from .protocol import MAX_TEXT_MESSAGE
 
 WYOMING_PORT = 10300  # what Home Assistant's Wyoming integration and wyoming-faster-whisper use
 PROTOCOL_VERSION = "1.10.2"  # the `wyoming` package version whose events we speak (sent in every header)
 MAX_HEADER = MAX_TEXT_MESSAGE  # bytes of one header line, and of one event's data
+_BLANK = re.compile(rb"[ \t\r\n]*")
 WIDTHS = (1, 2, 3, 4)  # bytes per sample: u8, s16, s24, s32 (little-endian, as the package's audioop)
 MAX_CHANNELS = 8
 ATTRIBUTION = {"name": "Unipad ASR", "url": ""}  # required by clients; the project has no public home page yet
@@ -88,13 +91,17 @@ class EventReader:
     def _step(self) -> bool:
         """Parse one header or one complete event from the buffer; False when more bytes are needed."""
         if self._header is None:
+            # blank lines between events are skipped at C speed (a flood of them is no event, and no work)
+            blank = _BLANK.match(self._buffer).end()
+            del self._buffer[:blank]
             end = self._buffer.find(b"\n")
             if end < 0:
                 if len(self._buffer) > MAX_HEADER:
                     raise ProtocolError(f"event header longer than {MAX_HEADER} bytes without a newline",
                                         code="message_too_big")
                 return False
-            line, self._buffer = bytes(self._buffer[:end]), self._buffer[end + 1:]
+            line = bytes(self._buffer[:end])
+            del self._buffer[:end + 1]  # in place: a copy of the rest per line is quadratic in a read's lines
             if line.strip():
                 self._header = parse_header(line, self.max_payload)
             return True
@@ -136,9 +143,9 @@ def parse_header(line: bytes, max_payload: int) -> dict[str, Any]:
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise ProtocolError(f"{what} is not JSON: {quoted(raw.decode('utf-8', 'replace'))}",
+        value = loads_shallow(raw)
+    except ValueError as exc:  # not UTF-8, not JSON, or nested too deep
+        raise ProtocolError(f"{what} is not JSON ({exc}): {quoted(raw.decode('utf-8', 'replace'))}",
                             code="invalid_json") from None
     if not isinstance(value, dict):
         raise ProtocolError(f"{what} must be a JSON object, got {quoted(value)}", code="invalid_json")

@@ -115,6 +115,10 @@ def test_funasr_word_weights():
     for bad in ('{"save": "x"}', '["save"]', '{"save": null}'):
         with pytest.raises(ProtocolError):
             parse_word_weights(bad)
+    # JSON nested past the interpreter's recursion is no JSON value (it was a RecursionError: an internal
+    # error at the FunASR door); as words it is one word, too long
+    with pytest.raises(ProtocolError, match="5000 characters long"):
+        parse_word_weights("[" * 5000)
 
 
 def test_hotwords_file(tmp_path):

@@ -20,7 +20,7 @@ from pipeline.audio import SAMPLE_RATE
 from server.deepgram_audio import ALAW, MULAW, read_wav_header
 from server.deepgram_shapes import MIN_ENDPOINTING_MS, DeepgramError, parse_listen_query
 
-from openai_testkit import HELD_OUT, TOKEN, knows_words, post, words
+from openai_testkit import HELD_OUT, TOKEN, knows_words, post, raw_exchange, words
 from server_testkit import wav16
 
 LANGUAGES = ("auto", "en")
@@ -50,6 +50,8 @@ def test_query_defaults_and_mapping():
     ("interim_results=yes", "interim_results='yes': expected true or false"),
     ("language=fr", "language='fr' is not supported"),
     ("channels=0", "channels='0'"),
+    ("sample_rate=" + "1" * 5000, "expected an integer from"),  # past int()'s 4300 digits: was a 500
+    ("channels=\u0662", "expected an integer from 1 to 8"),  # an Arabic-Indic 2, which int() would take
 ])
 def test_query_errors(query, says):
     with pytest.raises(DeepgramError, match=says) as caught:
@@ -163,6 +165,10 @@ async def test_encodings_wav_multichannel_and_browser_key(serve_test_server, tes
         check_heard(finals(got, 0), test_model_dir)
         assert finals(got, 1) == [] and got[-1]["channels"] == 2
         assert {tuple(m["channel_index"]) for m in got if m["type"] == "Results"} <= {(0, 2), (1, 2)}
+        got, code = await stream(url.port, "multichannel=true", wav_bytes(both[:, ::-1], SAMPLE_RATE), 1280)
+        assert code == 1000 and got[-1]["channels"] == 2  # a WAV's header gives its channels, not the query
+        check_heard(finals(got, 1), test_model_dir)
+        assert finals(got, 0) == []
 
         first_end = json.loads(HELD_OUT.with_suffix(".json").read_text())["speech"][0]["end"]
         cut = int((first_end - 0.2) * SAMPLE_RATE) * 2 // 640  # the 640-byte message inside the first utterance
@@ -209,9 +215,69 @@ async def test_bad_input_answered_in_deepgram_form(serve_test_server, test_model
         assert status == 400 and "at most 8 channels; the file has 9" in body["err_msg"], body
         status, body = await post(url.port, "/v1/listen?model=x", b"", {"Authorization": "Bearer wrong"})
         assert status == 401 and body["err_code"] == "INVALID_AUTH"
+        status, body = await post(url.port, "/v1/listen", b'{"url": ' + b"[" * 30000 + b"}",
+                                  {"Authorization": f"Token {TOKEN}", "Content-Type": "application/json"})
+        assert status == 400 and "string \"url\"" in body["err_msg"]  # was a RecursionError: a 500
+        # a body declared over the limit is refused before the client that waits for 100 Continue sends it
+        head = (f"POST /v1/listen HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token {TOKEN}\r\n"
+                "Expect: 100-continue\r\nContent-Length: 30000000\r\n\r\n")
+        status, answer = await raw_exchange(url.port, head)
+        assert status == 413 and b"over the limit" in answer
         got, code = await good
     assert code == 1000
     check_heard(finals(got), test_model_dir)
+
+
+async def test_messages_sent_faster_than_their_answers_are_read(serve_test_server, test_model_dir):
+    """300 mistakes, 100 Finalize and 50 KeepAlive written at once, then the audio: every mistake answered
+    with its SchemaError, then the transcript. The connection reads no further while half its outbox waits;
+    a burst once overflowed it (an internal error, 1011, every answer lost)."""
+    audio = recording()
+    deep = "[" * 60000  # JSON nested past any protocol's depth: refused unparsed (was a RecursionError)
+    async with serve_test_server(token=TOKEN) as url:
+        uri = f"ws://127.0.0.1:{url.port}/v1/listen?encoding=linear16&sample_rate=16000"
+        async with websockets.connect(uri, additional_headers={"Authorization": f"Token {TOKEN}"}) as ws:
+            for _ in range(299):
+                await ws.send("not json")
+            await ws.send(deep)
+            for kind in ["Finalize"] * 100 + ["KeepAlive"] * 50:
+                await ws.send(json.dumps({"type": kind}))
+            pcm = to_linear16(audio)
+            for i in range(0, len(pcm), 640):
+                await ws.send(pcm[i:i + 640])
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            got = [json.loads(message) async for message in ws]
+        assert ws.close_code == 1000 and got[-1]["type"] == "Metadata"
+    errors = [m for m in got if m["type"] == "Error"]
+    assert len(errors) == 300 and {m["variant"] for m in errors} == {"SchemaError"}
+    check_heard(finals(got), test_model_dir)
+
+
+async def test_keepalive_holds_a_silent_stream_open(serve_test_server, monkeypatch):
+    """KeepAlive exists to hold a stream that sends no audio open, where the flood policy's allowance (in
+    seconds of audio) does not grow: one a second is not counted, more are (a burst of 3 here; the 1000
+    real clients get once ended a stream after 83 minutes of KeepAlive every 5 s)."""
+    import server.streaming
+
+    monkeypatch.setattr(server.streaming, "FLOOD_BURST", 3)
+    async with serve_test_server(token=TOKEN) as url:
+        uri = f"ws://127.0.0.1:{url.port}/v1/listen?encoding=linear16&sample_rate=16000"
+        async with websockets.connect(uri, additional_headers={"Authorization": f"Token {TOKEN}"}) as ws:
+            keepalive = json.dumps({"type": "KeepAlive"})
+            for _ in range(5):  # more than the burst, a second apart
+                await ws.send(keepalive)
+                await asyncio.sleep(1.05)
+            with pytest.raises(asyncio.TimeoutError):  # the stream is open: no Error, no close
+                await asyncio.wait_for(ws.recv(), 0.3)
+            with contextlib.suppress(ConnectionClosed):
+                for _ in range(10):  # faster: counted past one a second, and the burst runs out
+                    await ws.send(keepalive)
+                    await asyncio.sleep(0.05)
+            got = []
+            with contextlib.suppress(ConnectionClosed):  # iterating raises at a close with an error code
+                async for message in ws:
+                    got.append(json.loads(message))
+    assert ws.close_code == 1008 and got[-1]["type"] == "Error" and "messages" in got[-1]["description"]
 
 
 async def test_url_fetched_only_with_fetch_urls(serve_test_server, test_model_dir):

@@ -190,7 +190,7 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(a
 @given(JSON_VALUES)
 def test_client_json_parses_as_json_loads_does(value):
     """Brackets inside strings are not nesting: whatever json.loads reads within the depth, so does ours."""
-    from server.protocol import MAX_JSON_DEPTH, loads_shallow
+    from pipeline.json_text import MAX_JSON_DEPTH, loads_shallow
 
     def depth(v: Any) -> int:
         children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
@@ -205,7 +205,7 @@ def test_client_json_parses_as_json_loads_does(value):
 
 
 def test_client_json_nested_past_the_limit_is_refused_unparsed():
-    from server.protocol import MAX_JSON_DEPTH, loads_shallow
+    from pipeline.json_text import MAX_JSON_DEPTH, loads_shallow
 
     assert loads_shallow("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
     for text in ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1), '{"a":' * 40_000):

@@ -162,6 +162,10 @@ async def test_bad_input_gets_an_error_event_and_costs_no_other_stream(server, m
         c._writer.write(b"{not json\n")
         error = await read_error(c)
         assert error.code == "invalid_json" and "not JSON" in error.text
+    async with client(server) as c:  # JSON nested past any protocol's depth: refused unparsed
+        c._writer.write(b'{"type": "describe", "data": ' + b"[" * 30000 + b"}\n")
+        error = await read_error(c)
+        assert error.code == "invalid_json" and "nested deeper" in error.text
     async with client(server) as c:  # a payload length no server should allocate
         c._writer.write(json.dumps({"type": "audio-chunk", "payload_length": 1 << 40}).encode() + b"\n")
         assert (await read_error(c)).code == "message_too_big"
@@ -178,6 +182,31 @@ async def test_bad_input_gets_an_error_event_and_costs_no_other_stream(server, m
         assert (await read_error(c)).code == "unsupported_audio"
     events = await good
     assert Transcript.from_event(events[-2]).text == await upload(server, multi)
+
+
+@e2e
+async def test_events_written_at_once_are_each_answered(server, multi):
+    """Home Assistant waits for each answer; a client that writes 40 describes (and a megabyte of blank
+    lines) at once inside a request gets 40 infos, then the request's transcript. The answers once
+    overflowed the connection's outbox: an internal error, every answer lost."""
+    data = pcm(multi, SAMPLE_RATE)
+    step = int(CHUNK_SECONDS * SAMPLE_RATE) * 2
+    async with client(server) as c:
+        await c.write_event(Transcribe(language="en").event())  # admitted: its answers go through the outbox
+        c._writer.write(encode("describe") * 40 + b"\n" * (1 << 20))
+        await c.write_event(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
+        for i in range(0, len(data), step):
+            await c.write_event(AudioChunk(rate=SAMPLE_RATE, width=2, channels=1, audio=data[i:i + step]).event())
+        await c.write_event(AudioStop().event())
+        kinds = []
+        while not kinds or kinds[-1] != "transcript-stop":
+            event = await c.read_event()
+            assert event is not None, f"connection closed after {kinds}"
+            kinds.append(event.type)
+            if Transcript.is_type(event.type):
+                text = Transcript.from_event(event).text
+    assert kinds[:40] == ["info"] * 40 and "info" not in kinds[40:]
+    assert text == await upload(server, multi)
 
 
 @e2e
@@ -242,9 +271,21 @@ def test_events_split_anywhere_are_reassembled():
                                    Event("audio-stop", {"timestamp": 5})]
 
 
+def test_blank_lines_between_events_are_skipped():
+    """In any number and any cut (a flood of them cost the event loop seconds while other streams waited:
+    each line copied the rest of the read; docs/benchmarks.md, stop 45)."""
+    wire = b"\n \r\n" + encode("describe") + b"\n" * (1 << 20) + encode("transcribe", {"language": "en"}) + b"\n\n"
+    reader = EventReader(max_payload=1 << 20)
+    for i in range(0, len(wire), 4096 + 3):
+        reader.receive_data(wire[i:i + 4096 + 3])
+    assert reader.events() == [Event("describe"), Event("transcribe", {"language": "en"})]
+
+
 @pytest.mark.parametrize("line,code", [(b"[1]\n", "invalid_json"), (b'{"data": {}}\n', "invalid_json"),
                                        (b'{"type": "x", "data_length": -1}\n', "invalid_json"),
                                        (b'{"type": "x", "data_length": 1}\n[', "invalid_json"),
+                                       (b'{"type": "x", "data": ' + b"[" * 20000 + b"}\n", "invalid_json"),
+                                       (b'{"type": "x", "data_length": 20000}\n' + b"[" * 20000, "invalid_json"),
                                        (b"x" * 70000, "message_too_big")])
 def test_malformed_events_name_their_fault(line, code):
     with pytest.raises(ProtocolError) as caught:
