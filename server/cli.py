@@ -22,6 +22,7 @@ from .config import (DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, Serv
 from .logs import configure_logging
 
 EXIT_USAGE = 2
+MAX_OPEN_FILES = 1 << 20  # the soft limit raise_open_file_limit asks for at most (Linux's nr_open default)
 
 _DEFAULTS = ServerConfig()
 
@@ -141,6 +142,27 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return validate_config(config_from_env(ServerConfig(**values)))
 
 
+def raise_open_file_limit() -> None:
+    """Every connection holds a file descriptor, and many Linux boxes give a process 1024 (the soft limit)
+    under a far higher hard one: a thousand idle or handshaking sockets then stop the server accepting
+    anyone (EMFILE) until they time out. Take the hard limit, as nginx's worker_rlimit_nofile is used to.
+    Not on Windows (no such limit)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:  # macOS caps it below an infinite hard limit
+        logging.getLogger(__name__).info("open files: kept the limit of %d (%s)", soft, exc)
+        return
+    logging.getLogger(__name__).info("open files: limit raised from %d to %d", soft, wanted)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["models"]:  # `unipad models`: what is in the model cache
@@ -158,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(config.log_level, config.log_format)
+    raise_open_file_limit()
     from .server import Server  # after the checks: --help and bad flags stay instant
 
     try:

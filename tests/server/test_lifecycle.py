@@ -58,6 +58,37 @@ async def test_sigterm_finishes_open_segments_then_exits_0(test_model_dir, speec
             await proc.wait()
 
 
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="Linux's open-files limit")
+async def test_a_low_open_files_limit_is_raised_to_the_hard_one(test_model_dir):
+    """Started with the 256 open files a soft limit may give it, the server takes the hard limit: 300 idle
+    sockets (a client's, or an attacker's) then leave it answering. With 256 it stopped accepting (EMFILE)
+    until they timed out."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit here is {hard}")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server", "--model", str(test_model_dir), "--port", "0", cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)))
+    idle = []
+    try:
+        raised = await read_log_until(proc.stderr, r"open files: limit raised from 256 to (\d+)")
+        port = int((await read_log_until(proc.stderr, r"listening on ws://127\.0\.0\.1:(\d+)")).group(1))
+        await read_log_until(proc.stderr, r"ready: provider \w+")
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        assert re.search(rf"Max open files\s+{raised.group(1)}\s", limits) and int(raised.group(1)) >= 1024
+        for _ in range(300):
+            idle.append((await asyncio.open_connection("127.0.0.1", port))[1])
+        status, _, _ = await asyncio.wait_for(http_get(f"http://127.0.0.1:{port}", "/readyz"), 10)
+        assert status == 200
+    finally:
+        for writer in idle:
+            writer.close()
+        proc.kill()
+        await proc.wait()
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_taken_port_is_one_error_line_and_exit_1(test_model_dir, log_format):
     with socket.socket() as taken:
