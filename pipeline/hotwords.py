@@ -22,7 +22,6 @@ Chinese and Japanese words inside a sentence carry none.
 """
 from __future__ import annotations
 
-import math
 import re
 import unicodedata
 from collections import deque
@@ -31,8 +30,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .decoding import SPECIAL_TOKENS, WORD_START, is_cjk
-from .errors import ProtocolError
-from .json_text import loads_shallow
+from .errors import ProtocolError, quoted
+from .json_text import finite_number, loads_shallow
 from .modeldir import ModelDirectory
 
 DEFAULT_BOOST = 1.5  # bonus per matched token (sherpa-onnx's default context score)
@@ -70,9 +69,8 @@ def make_hotword(text: Any, boost: Any = DEFAULT_BOOST) -> Hotword:
         raise _bad(f"hotword {normal[:20]!r}... is {len(normal)} characters long (at most {MAX_HOTWORD_CHARS})")
     if any(unicodedata.category(c)[0] == "C" for c in normal):
         raise _bad(f"hotword {normal!r} contains control characters")
-    if isinstance(boost, bool) or not isinstance(boost, (int, float)) or not math.isfinite(boost) \
-            or not 0 < boost <= MAX_BOOST:
-        raise _bad(f"hotword boost must be a number in (0, {MAX_BOOST:g}], got {boost!r} for {normal!r}")
+    if not finite_number(boost) or not 0 < boost <= MAX_BOOST:
+        raise _bad(f"hotword boost must be a number in (0, {MAX_BOOST:g}], got {quoted(boost)} for {normal!r}")
     return Hotword(normal, float(boost))
 
 
@@ -132,8 +130,8 @@ def parse_word_weights(value: Any) -> tuple[Hotword, ...]:
                 weight = float(weight)
             except ValueError:
                 raise _bad(f"hotword weight must be a number, got {weight!r} for {text!r}") from None
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise _bad(f"hotword weight must be a number, got {weight!r} for {text!r}")
+        if not finite_number(weight):
+            raise _bad(f"hotword weight must be a number, got {quoted(weight)} for {quoted(text)}")
         if weight > 0:
             words.append(make_hotword(text, min(weight / FUNASR_WEIGHT_PER_BOOST, MAX_BOOST)))
     return merge_hotwords(words)

@@ -3,12 +3,13 @@
 json.loads recurses once per level up to the interpreter's limit (RecursionError, an internal error to
 whoever catches ValueError), and a garbage collection at that depth fails every finalizer it runs. Every
 door's messages (server/), FunASR's hotword strings (pipeline/hotwords.py) and Wyoming's headers go through
-loads_shallow.
+loads_shallow; the numbers in them are checked with finite_number.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from typing import Any
 
@@ -27,3 +28,14 @@ def loads_shallow(text: str | bytes) -> Any:
         if max(itertools.accumulate(steps), default=0) > MAX_JSON_DEPTH:
             raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
     return json.loads(text)
+
+
+def finite_number(value: Any) -> bool:
+    """Whether a client's JSON value is a number a float holds: not a bool, NaN or an infinity, nor an
+    integer past float's range (JSON integers have any length; math.isfinite raises OverflowError on those)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

@@ -1,10 +1,10 @@
 """The segmenter's options (pipeline/segmenter.py), and the checks that name the first one that makes no sense."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .audio import VAD_FRAME, samples_to_seconds
+from .json_text import finite_number
 from .vad import VADS
 
 FRAME_SECONDS = samples_to_seconds(VAD_FRAME)  # 0.03 s
@@ -56,7 +56,7 @@ def validate_options(options: SegmenterOptions) -> None:
                  "steady_lead", "max_segment_seconds",
                  "cut_search", "partial_interval", "partial_window"):
         value = getattr(o, name)
-        checks.append((isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+        checks.append((finite_number(value) and value >= 0,
                        f"{name} must be a finite number >= 0, got {value!r}"))
     for ok, message in checks:
         if not ok:

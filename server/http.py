@@ -172,6 +172,16 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
             return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH} "
                                  f"(or {realtime_handshake.REALTIME_PATH} for OpenAI Realtime)\n")
         return openai_http.get_response(app, connection, request, path)
+    answer = probe_response(app, path)
+    if answer is not None:
+        return answer
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH}\n")
+    return static_file(path)
+
+
+def probe_response(app: Server, path: str) -> Response | None:
+    """The answers of a load balancer's or monitor's probes, to GET and HEAD: /healthz, /readyz, /metrics."""
     if path == "/healthz":
         return response(200, "ok\n")
     if path == "/readyz":
@@ -180,15 +190,18 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     if path == "/metrics":
         body, content_type = app.metrics.render()
         return response(200, body, content_type)
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH}\n")
-    return static_file(path)
+    return None
 
 
 async def handle_body_request(app: Server, exchange: Any, request: Any) -> None:
-    """A request with a body (server/http_body.py): Deepgram's POST /v1/listen, else OpenAI's API."""
+    """A request that is not a GET (server/http_body.py): HEAD of a probe (`curl -I`, a monitor's check),
+    Deepgram's POST /v1/listen, else OpenAI's API."""
     from . import deepgram_http, openai_http
 
+    probe = probe_response(app, urlsplit(request.path).path) if request.method == "HEAD" else None
+    if probe is not None:
+        await exchange.respond(probe.status_code, probe.body, probe.headers["Content-Type"])
+        return
     if request.path.split("?", 1)[0] == LISTEN_PATH:
         await deepgram_http.handle(app, exchange, request)
     else:

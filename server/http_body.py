@@ -65,7 +65,8 @@ class HttpExchange:
             self._paused = True
         self._wake.set()
 
-    async def _next_event(self, timeout: float) -> Any:
+    async def _next_event(self, timeout: float, deadline: float | None = None) -> Any:
+        """The next h11 event, waiting at most `timeout` for each packet and ending by `deadline` (loop time)."""
         while True:
             event = self._h11.next_event()
             if event is not h11.NEED_DATA:
@@ -74,11 +75,15 @@ class HttpExchange:
                 self.transport.resume_reading()
                 self._paused = False
             self._wake.clear()
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            if deadline is not None:
+                timeout = min(timeout, deadline - asyncio.get_running_loop().time())
+            await asyncio.wait_for(self._wake.wait(), max(timeout, 0.0))
 
-    async def read_head(self) -> h11.Request:
-        """The request line and headers (raises h11.RemoteProtocolError or TimeoutError)."""
-        event = await self._next_event(OPEN_TIMEOUT)
+    async def read_head(self, deadline: float) -> h11.Request:
+        """The request line and headers, whole by `deadline` (loop time), as websockets' handshake is (a head
+        trickled a byte at a time once held a connection for hours); raises h11.RemoteProtocolError or
+        TimeoutError."""
+        event = await self._next_event(OPEN_TIMEOUT, deadline)
         if not isinstance(event, h11.Request):
             raise h11.RemoteProtocolError("no request")
         self._head_only = event.method == b"HEAD"
@@ -246,7 +251,7 @@ class BodyAwareConnection(ServerConnection):
             return
         assert self.exchange is not None
         try:
-            head = await self.exchange.read_head()
+            head = await self.exchange.read_head(deadline)
             request = HttpRequest(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"),
                                   Headers([(k.decode("latin-1"), v.decode("latin-1")) for k, v in head.headers]))
         except (h11.RemoteProtocolError, asyncio.TimeoutError) as exc:

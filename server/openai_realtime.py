@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 MIN_COMMIT_SECONDS = 0.1  # OpenAI refuses to commit less than 100 ms of audio
 MAX_UNCOMMITTED_SECONDS = 300.0  # turn_detection null: audio held until a commit (~15 MB at 24 kHz, OpenAI's cap)
 OUTBOX_LIMIT = 256  # events waiting for a client: a few per item plus error answers to a burst of mistakes
+# An error echoes the event_id of the event it answers: at most this much of it, so that an outbox of errors
+# stays small (a client that wrote megabyte ids and read nothing held 130 MB).
+MAX_ECHOED_EVENT_ID = 256
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 # A commit that ends inside speech (a client's VAD ended the turn as the next word began: pipecat's default
 # stop_secs is 0.2 s) holds the start of a word it cut off. Its last segment waits for this much of the audio
@@ -128,10 +131,11 @@ class RealtimeConnection(StreamConnection):
                     self._continuation.forget()
                 self._put(event("input_audio_buffer.cleared"))
             else:
-                raise EventError(f"Invalid value: '{kind}'. This server takes {GA_UPDATE}, {BETA_UPDATE} and "
+                raise EventError(f"Invalid value: '{str(kind)[:64]}'. This server takes {GA_UPDATE}, {BETA_UPDATE} and "
                                  "input_audio_buffer.append, .commit and .clear", param="type")
         except EventError as exc:
-            exc.event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+            event_id = data.get("event_id")  # echoed in the error: a client's own ids are short
+            exc.event_id = event_id[:MAX_ECHOED_EVENT_ID] if isinstance(event_id, str) else None
             raise
 
     async def _update(self, data: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import multipart
 
+from pipeline.errors import quoted
 from pipeline.subtitles import to_srt, to_vtt
 
 from .funasr_protocol import join_texts
@@ -96,7 +97,12 @@ def parse_form(content_type: str, body: bytes) -> TranscriptionForm:
             elif part.size > MAX_FORM_FIELD:
                 raise ApiError(400, f"form field {part.name!r} is over {MAX_FORM_FIELD} bytes", param=part.name)
             else:
-                fields.setdefault(part.name, []).append(part.value)
+                try:
+                    text = part.value  # decoded with the part's charset (UTF-8 unless it names one)
+                except (LookupError, UnicodeDecodeError) as exc:  # an unknown charset, bytes not in it
+                    raise ApiError(400, f"form field {quoted(part.name)} is not text in its charset: {exc}",
+                                   param=part.name, code="invalid_value") from None
+                fields.setdefault(part.name, []).append(text)
     except multipart.MultipartError as exc:
         raise ApiError(400, f"malformed multipart/form-data body: {exc}") from None
     if upload is None:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, PCM_FORMATS, SAMPLE_RATE, AudioFormat
-from pipeline.errors import ProtocolError
+from pipeline.errors import ProtocolError, quoted
 from pipeline.hotwords import Hotword, parse_hotwords
 from pipeline.json_text import loads_shallow
 
@@ -104,15 +104,15 @@ def _parse_start(data: dict[str, Any]) -> Start:
     rate = data.get("sample_rate", SAMPLE_RATE)
     if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_INPUT_RATE <= rate <= MAX_INPUT_RATE:
         raise ProtocolError(
-            f"sample_rate must be an integer from {MIN_INPUT_RATE} to {MAX_INPUT_RATE} Hz, got {rate!r}",
+            f"sample_rate must be an integer from {MIN_INPUT_RATE} to {MAX_INPUT_RATE} Hz, got {quoted(rate)}",
             code="unsupported_audio",
         )
     fmt = data.get("format", "s16le")
     if fmt not in PCM_FORMATS:
         raise ProtocolError(f"format must be one of {', '.join(PCM_FORMATS)}, got {fmt!r}", code="unsupported_audio")
     channels = data.get("channels", 1)
-    if channels not in (1, 2) or isinstance(channels, bool):
-        raise ProtocolError(f"channels must be 1 or 2, got {channels!r}", code="unsupported_audio")
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels not in (1, 2):  # 2.0 is no count
+        raise ProtocolError(f"channels must be 1 or 2, got {quoted(channels)}", code="unsupported_audio")
     for name in ("itn", "partials", "resumable"):
         if name in data and not isinstance(data[name], bool):
             raise ProtocolError(f"{name} must be true or false", code="bad_start")

@@ -8,17 +8,17 @@ what it carries is well-formed and consistent. Pure: no asyncio, no sockets.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.errors import ProtocolError
+from pipeline.errors import ProtocolError, quoted
+from pipeline.json_text import finite_number
 from pipeline.segmenter import FRAME_SECONDS
 
 MAX_RESUME_TIME = 1e7  # seconds (115 days): beyond it a stream time is nonsense, not a long meeting
 GRID_TOLERANCE = 0.0006  # the wire rounds times to 1 ms: a grid time may be off by half of that
-_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SESSION = re.compile(r"[A-Za-z0-9_-]{1,64}")  # whole (fullmatch): "$" would let a newline end it
 _FIELDS = ("session", "segment", "time")
 
 
@@ -50,10 +50,10 @@ def parse_resume(data: Any) -> Resume:
     if missing:
         raise _bad(f"missing field(s) {', '.join(missing)}")
     session, segment, time = data["session"], data["segment"], data["time"]
-    if not isinstance(session, str) or not _SESSION.match(session):
+    if not isinstance(session, str) or not _SESSION.fullmatch(session):
         raise _bad("session must be the stream's session id (1-64 letters, digits, '_' or '-')")
-    if not isinstance(time, (int, float)) or isinstance(time, bool) or not math.isfinite(time):
-        raise _bad(f"time must be a number of seconds, got {time!r}")
+    if not finite_number(time):
+        raise _bad(f"time must be a number of seconds, got {quoted(time)}")
     if not 0 <= time <= MAX_RESUME_TIME:
         raise _bad(f"time must be from 0 to {MAX_RESUME_TIME:g} s, got {time!r}")
     frame = round(time / FRAME_SECONDS)

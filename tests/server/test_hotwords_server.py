@@ -88,6 +88,7 @@ BAD_HOTWORDS = {
     "no_text": [{"boost": 2}],
     "bad_boost": [{"text": "save", "boost": -1}],
     "huge_boost": [{"text": "save", "boost": 1e9}],
+    "boost_past_float": [{"text": "save", "boost": 10 ** 400}],  # an integer no float holds: was OverflowError
     "unspellable": ["zebra"],
     "too_many": ["save"] * 1000,
 }
@@ -136,6 +137,10 @@ async def test_funasr_hotwords(serve_test_server, blend):
                 assert await transcribe(ws, f"zebra,{word}") == weighted
         async with websockets.connect(port, subprotocols=["binary"]) as ws:
             await ws.send(json.dumps({"mode": "offline", "hotwords": json.dumps({"save": "high"})}))
+            error = json.loads(await ws.recv())
+            assert error["code"] == "bad_start" and "weight" in error["error"]
+        async with websockets.connect(port, subprotocols=["binary"]) as ws:  # was an internal error, 1011
+            await ws.send(json.dumps({"mode": "offline", "hotwords": {"save": 10 ** 400}}))
             error = json.loads(await ws.recv())
             assert error["code"] == "bad_start" and "weight" in error["error"]
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 
@@ -14,6 +15,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.engine import Engine, EngineOptions
 from server.http import STATIC_DIR
 from server.protocol import CLOSE_TRY_AGAIN
+from openai_testkit import raw_exchange
 from server_testkit import http_get, run_stream, send_and_collect
 
 
@@ -113,6 +115,39 @@ async def test_static_page_and_unknown_paths(serve_test_server):
         assert status == 404
     if page is not None:
         assert page[0] == 200 and page[1]["content-type"].startswith("text/html")
+
+
+async def test_probes_answer_head_as_get(serve_test_server):
+    """`curl -I` and monitors that check with HEAD: the GET's status and headers, no body (they were 404s)."""
+    async with serve_test_server() as url:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            got = await http_get(url.http, path)
+            head_status, head = await raw_exchange(url.port, f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert got[0] == head_status == 200 and head == b"", (path, head_status, head)
+
+
+async def test_a_request_head_must_arrive_whole_in_time(serve_test_server, monkeypatch):
+    """One deadline for a POST's head, as websockets' handshake has for a GET's: trickled a byte at a time
+    (each well within the timeout between packets) it is refused once the deadline passes; it was kept
+    open as long as bytes came (16 KiB of head: 45 hours at one byte every 10 s)."""
+    import server.http_body
+
+    monkeypatch.setattr(server.http_body, "OPEN_TIMEOUT", 1.0)
+    async with serve_test_server() as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", url.port)
+        started = asyncio.get_running_loop().time()
+        writer.write(b"POST /v1/audio/transcriptions HTTP/1.1\r\n")
+        answer = b""
+        for _ in range(20):  # 4 s of "X-Slow: ..." at one byte per 0.2 s
+            writer.write(b"X")
+            await asyncio.sleep(0.2)
+            with contextlib.suppress(asyncio.TimeoutError):
+                answer += await asyncio.wait_for(reader.read(1024), 0.01)
+            if answer or reader.at_eof():
+                break
+        elapsed = asyncio.get_running_loop().time() - started
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 400") and elapsed < 2.5, (answer[:80], elapsed)
 
 
 async def test_pipelined_requests_get_the_first_answered(serve_test_server, speech):

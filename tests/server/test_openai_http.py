@@ -72,6 +72,14 @@ def multipart_body(fields: dict[str, str], file: bytes, boundary: str = "b0undar
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
+def charset_body(content_type: bytes, model: bytes) -> tuple[bytes, dict[str, str]]:
+    """A form whose model field has its own Content-Type; (body, headers) for post()."""
+    body = (b'--b\r\nContent-Disposition: form-data; name="model"\r\nContent-Type: ' + content_type + b"\r\n\r\n"
+            + model + b'\r\n--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+            + HELD_OUT.read_bytes() + b"\r\n--b--\r\n")
+    return body, {"Authorization": f"Bearer {TOKEN}", "Content-Type": "multipart/form-data; boundary=b"}
+
+
 async def test_errors_are_openai_error_objects(serve_test_server):
     """400 bad file or parameter, 401 token, 404 path, 413 too large, 503 full: each OpenAI's error object."""
     wav = HELD_OUT.read_bytes()
@@ -99,6 +107,11 @@ async def test_errors_are_openai_error_objects(serve_test_server):
             "path": (await post(url.port, "/v1/audio/translations", b"x", auth), 404, None),
             "no boundary": (await post(url.port, "/v1/audio/transcriptions", b"x",
                                        {**auth, "Content-Type": "multipart/form-data"}), 400, None),
+            # a field that is not text in its charset (an unknown one, or bytes not UTF-8): were 500s
+            "charset": (await post(url.port, "/v1/audio/transcriptions", *charset_body(b"text/plain; charset=bogus",
+                                   b"whisper-1")), 400, "model"),
+            "not UTF-8": (await post(url.port, "/v1/audio/transcriptions", *charset_body(b"text/plain",
+                                     b"whisper\xff")), 400, "model"),
         }
         for name, ((status, answer), expected_status, param) in cases.items():
             error = answer["error"]

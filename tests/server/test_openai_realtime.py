@@ -135,6 +135,9 @@ async def test_raw_events_errors_and_manual_commits(serve_test_server, test_mode
                 error = (await expect(ws, "error"))["error"]
                 assert error["code"] == code and error["message"] and error["type"] == "invalid_request_error", error
             assert error["event_id"] is None
+            # an id echoed back in full only while it is a sane length (a burst of megabyte ids held 130 MB)
+            await ws.send(json.dumps({"type": "response.create", "event_id": "x" * 100_000}))
+            assert (await expect(ws, "error"))["error"]["event_id"] == "x" * 256
             # Audio, then clear: nothing left to commit.
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(bytes(9600))}))
             await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))

@@ -21,6 +21,8 @@ MALFORMED = [
     ({"session": "abc123", "segment": 5}, "missing field(s) time"),
     ({**GOOD, "time": -0.03}, "time must be from 0"),
     ({**GOOD, "time": float("inf")}, "time must be a number"),
+    ({**GOOD, "time": 10 ** 400}, "time must be a number"),  # no float holds it: was an internal error
+    ({**GOOD, "session": "abc123\n"}, "session must be"),  # "$" matched before a final newline
     ({**GOOD, "time": 1.01}, "frame grid"),
     ({**GOOD, "segment": -1}, "segment must be an integer from 0 to 100"),
     ({**GOOD, "segment": 101}, "segment must be an integer from 0 to 100"),
