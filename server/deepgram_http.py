@@ -167,16 +167,16 @@ class DeepgramFile(FileTranscription):
         self.options, self.request_id = options, request_id
 
     async def run(self, request: HttpRequest) -> None:  # type: ignore[override]
-        body = await self._body(request)
-        if request.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json":
-            body = await self._fetch(_url_of(body))
-        channels = await asyncio.to_thread(self._channel_count, body)
-        self.hotwords = hotword_graph(self.app, self.options, f"deepgram request {self.id}")
-        try:
-            self.app.admit(self)  # type: ignore[arg-type] - counted like a stream
+        try:  # counted like a stream from before its body is read (as OpenAI's upload: server/openai_http.py)
+            self.app.admit(self)  # type: ignore[arg-type]
         except OverloadError as exc:
             raise DeepgramError(503, str(exc), "SERVICE_UNAVAILABLE") from None
         try:
+            body = await self._body(request)
+            if request.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json":
+                body = await self._fetch(_url_of(body))
+            channels = await asyncio.to_thread(self._channel_count, body)
+            self.hotwords = hotword_graph(self.app, self.options, f"deepgram request {self.id}")
             utterances: list[Utterance] = []
             for channel in range(channels if self.options.multichannel else 1):
                 self._samples = 0

@@ -174,6 +174,19 @@ class FileTranscription:
         if length is not None and length.isdigit() and int(length) > MAX_UPLOAD_BYTES:
             raise ApiError(413, f"request body of {int(length)} bytes; the limit is {MAX_UPLOAD_BYTES} bytes",
                            code="file_too_large")
+        # Counted like a stream from before its body is read: uploads in flight hold at most --max-sessions
+        # bodies (each up to MAX_UPLOAD_BYTES), however many clients send one slowly.
+        try:
+            self.app.admit(self)  # type: ignore[arg-type]
+        except OverloadError as exc:
+            raise ApiError(503, str(exc), type="server_error", code="overloaded") from None
+        try:
+            await self._run_admitted(request)
+        finally:
+            self.app.release(self)  # type: ignore[arg-type]
+            self.app.worker.cancel_session(self.id)
+
+    async def _run_admitted(self, request: HttpRequest) -> None:
         try:
             body = await self.exchange.read_body(MAX_UPLOAD_BYTES)
         except BodyTooLarge:
@@ -202,15 +215,7 @@ class FileTranscription:
             audio = await asyncio.to_thread(open_audio, form.file, form.filename)
         except AudioFormatError as exc:
             raise invalid_file(exc) from None
-        try:
-            self.app.admit(self)  # type: ignore[arg-type] - counted like a stream
-        except OverloadError as exc:
-            raise ApiError(503, str(exc), type="server_error", code="overloaded") from None
-        try:
-            await self._transcribe(form, audio, language)
-        finally:
-            self.app.release(self)  # type: ignore[arg-type]
-            self.app.worker.cancel_session(self.id)
+        await self._transcribe(form, audio, language)
 
     async def _transcribe(self, form: TranscriptionForm, audio: Any, language: str) -> None:
         """`audio`: the open_audio() file, decoded FEED_SECONDS at a time as the segmenter takes it."""

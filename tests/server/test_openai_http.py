@@ -80,6 +80,30 @@ def charset_body(content_type: bytes, model: bytes) -> tuple[bytes, dict[str, st
     return body, {"Authorization": f"Bearer {TOKEN}", "Content-Type": "multipart/form-data; boundary=b"}
 
 
+async def test_an_upload_holds_a_session_while_its_body_arrives(serve_test_server):
+    """An upload counts against --max-sessions from its head on, so the bodies held at once are bounded: with
+    one session, a client sending its body slowly leaves the next upload a 503 before it sends a byte of its
+    body. Bodies were read before the count (eight clients holding 24 MB bodies unfinished took 200 MB)."""
+    body, content_type = multipart_body({"model": "whisper-1"}, HELD_OUT.read_bytes())
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": content_type}
+    async with serve_test_server(token=TOKEN, max_sessions=1) as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", url.port)
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(body)}"
+                     f"\r\n\r\n".encode() + body[:1000])
+        for _ in range(200):
+            if url.server.connections:
+                break
+            await asyncio.sleep(0.01)
+        status, answer = await raw_exchange(url.port, f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                                            f"{head}Content-Length: {len(body)}\r\n\r\n")
+        assert status == 503 and json.loads(answer)["error"]["code"] == "overloaded"
+        writer.write(body[1000:])  # the first upload, finished, is heard
+        answer = await asyncio.wait_for(reader.read(), 60)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and b'"text"' in answer
+
+
 async def test_errors_are_openai_error_objects(serve_test_server):
     """400 bad file or parameter, 401 token, 404 path, 413 too large, 503 full: each OpenAI's error object."""
     wav = HELD_OUT.read_bytes()
