@@ -36,9 +36,6 @@ class Outbox:
         self._limit = limit
         self.closed = False  # no more puts; get() returns None once drained
 
-    def __len__(self) -> int:
-        return len(self._items)
-
     def put(self, item: Outgoing, last: bool = False) -> None:
         """Queue `item`; `last`: the error a closing connection ends with, queued even when full."""
         if len(self._items) >= self._limit and not last:

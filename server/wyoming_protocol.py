@@ -41,7 +41,7 @@ from .protocol import MAX_TEXT_MESSAGE
 WYOMING_PORT = 10300  # what Home Assistant's Wyoming integration and wyoming-faster-whisper use
 PROTOCOL_VERSION = "1.10.2"  # the `wyoming` package version whose events we speak (sent in every header)
 MAX_HEADER = MAX_TEXT_MESSAGE  # bytes of one header line, and of one event's data
-_BLANK = re.compile(rb"[ \t\r\n]*")
+_BLANK = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.strip() strips
 WIDTHS = (1, 2, 3, 4)  # bytes per sample: u8, s16, s24, s32 (little-endian, as the package's audioop)
 MAX_CHANNELS = 8
 ATTRIBUTION = {"name": "Unipad ASR", "url": ""}  # required by clients; the project has no public home page yet
@@ -100,10 +100,9 @@ class EventReader:
                     raise ProtocolError(f"event header longer than {MAX_HEADER} bytes without a newline",
                                         code="message_too_big")
                 return False
-            line = bytes(self._buffer[:end])
+            line = bytes(self._buffer[:end])  # not blank: it starts past the blanks skipped above
             del self._buffer[:end + 1]  # in place: a copy of the rest per line is quadratic in a read's lines
-            if line.strip():
-                self._header = parse_header(line, self.max_payload)
+            self._header = parse_header(line, self.max_payload)
             return True
         data_length, payload_length = self._header["data_length"], self._header["payload_length"]
         if len(self._buffer) < data_length + payload_length:
