@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 KEEPALIVE_FREE_EVERY = 1.0  # seconds; Deepgram asks for a KeepAlive every 3-5 s without audio
+MAX_QUOTED_TYPE = 64  # characters of an unknown message type quoted back (the message itself: its first 200)
 OUTBOX_LIMIT = 256  # messages waiting for a client: finals, SpeechStarted and UtteranceEnd of every channel
 
 
@@ -139,7 +140,7 @@ class DeepgramConnection(StreamConnection):
             if kind == "Finalize":
                 await self._finalize("finalize")
             elif kind != "KeepAlive":
-                self._put(error_message(f"unknown message {kind!r}: send audio as binary messages, or KeepAlive, "
+                self._put(error_message(f"unknown message {kind[:MAX_QUOTED_TYPE]!r}: send audio as binary messages, or KeepAlive, "
                                         "Finalize or CloseStream", "SchemaError", message[:200]))
 
     def _free_keepalive(self, kind: str) -> bool:

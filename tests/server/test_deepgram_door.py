@@ -229,7 +229,7 @@ async def test_bad_input_answered_in_deepgram_form(serve_test_server, test_model
 
 
 async def test_messages_sent_faster_than_their_answers_are_read(serve_test_server, test_model_dir):
-    """300 mistakes, 100 Finalize and 50 KeepAlive written at once, then the audio: every mistake answered
+    """300 mistakes (one a type of 60,000 characters), 100 Finalize and 50 KeepAlive written at once, then the audio: every mistake answered
     with its SchemaError, then the transcript. The connection reads no further while half its outbox waits;
     a burst once overflowed it (an internal error, 1011, every answer lost)."""
     audio = recording()
@@ -237,9 +237,10 @@ async def test_messages_sent_faster_than_their_answers_are_read(serve_test_serve
     async with serve_test_server(token=TOKEN) as url:
         uri = f"ws://127.0.0.1:{url.port}/v1/listen?encoding=linear16&sample_rate=16000"
         async with websockets.connect(uri, additional_headers={"Authorization": f"Token {TOKEN}"}) as ws:
-            for _ in range(299):
+            for _ in range(298):
                 await ws.send("not json")
             await ws.send(deep)
+            await ws.send(json.dumps({"type": "x" * 60000}))  # quoted back in 64 characters, not 60,000
             for kind in ["Finalize"] * 100 + ["KeepAlive"] * 50:
                 await ws.send(json.dumps({"type": kind}))
             pcm = to_linear16(audio)
@@ -250,6 +251,7 @@ async def test_messages_sent_faster_than_their_answers_are_read(serve_test_serve
         assert ws.close_code == 1000 and got[-1]["type"] == "Metadata"
     errors = [m for m in got if m["type"] == "Error"]
     assert len(errors) == 300 and {m["variant"] for m in errors} == {"SchemaError"}
+    assert max(len(m["description"]) + len(m["message"]) for m in errors) < 400
     check_heard(finals(got), test_model_dir)
 
 
