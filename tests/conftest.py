@@ -62,7 +62,7 @@ def demo_speech() -> Speech:
 
 import os  # noqa: E402
 import shutil  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 from serving import serve_test_server  # noqa: E402
 
@@ -92,12 +92,20 @@ def _serve_test_server_fixture(test_model_dir: Path) -> Any:
 
 
 # ---- exports every test may share ------------------------------------------------------------------------
-# `.ci/run` spreads the test files over three processes (pytest-xdist); each export below is written once per
-# run, by whichever process asks first, in the run's own temporary root, while the others wait for it.
+# tests/fixtures/make_exports.py writes them (the real exporter) into tests/fixtures/exports, committed with the
+# SHA-256 of every file they were made from. While those files are unchanged, a run copies the committed export
+# into its own temporary root; else it exports there itself (tests/test_committed_exports.py then fails until the
+# script is run again). `.ci/run` spreads the test files over three processes (pytest-xdist); each export is
+# copied or written once per run, by whichever process asks first, while the others wait for it.
 
-def exported_once(tmp_path_factory: pytest.TempPathFactory, name: str, export: Callable[[Path], None]) -> Path:
-    """`export(out)` once per test run, whatever the number of worker processes; returns `out`."""
+def exported_once(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """tests/fixtures/make_exports.py's export `name`, once per run, whatever the number of worker processes."""
+    import subprocess
+    import sys
+
     from filelock import FileLock
+
+    from fixtures.make_exports import OUT, changed_sources
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's temp root lies in the run's
@@ -107,60 +115,42 @@ def exported_once(tmp_path_factory: pytest.TempPathFactory, name: str, export: C
     with FileLock(str(out) + ".lock"):
         if not (out / "manifest.json").is_file():
             shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
-            export(out)
+            if not changed_sources():
+                shutil.copytree(OUT / name, out)  # a copy: no test can change the committed one
+            else:
+                command = [sys.executable, str(FIXTURES / "make_exports.py"), "--only", name, "--out", str(out)]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0:
+                    pytest.fail(f"{' '.join(command[1:])} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return out
 
 
-# ---- a tiny exported SenseVoice (engine helper) --------------------------------------------------------
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SenseVoice model directory with seeded random tiny weights (fp32 and int8), written once per test
-    session by the real exporter, `python -m export sensevoice --random-init tiny` (about 15 s on 2 cores).
-    Garbage text, but the real graph: frontend, prompt rows, padding behaviour."""
-    import subprocess
-    import sys
+    """A SenseVoice model directory with seeded random tiny weights (fp32 and int8), as `python -m export
+    sensevoice --random-init tiny` writes it. Garbage text, but the real graph: frontend, prompt rows, padding."""
+    return exported_once(tmp_path_factory, "sensevoice-tiny")
 
-    def export(out: Path) -> None:
-        command = [sys.executable, "-m", "export", "sensevoice", "--random-init", "tiny", "--out", str(out)]
-        done = subprocess.run(command, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"{' '.join(command[1:])} failed ({done.returncode}):\n{done.stderr[-4000:]}")
 
-    return exported_once(tmp_path_factory, "sensevoice-tiny", export)
+@pytest.fixture(scope="session")
+def tiny_fp16_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model exported fp16 only (`--precision fp16`): a GPU's export."""
+    return exported_once(tmp_path_factory, "sensevoice-tiny-fp16")
 
 
 @pytest.fixture(scope="session")
 def paraformer_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """FunASR's own tiny Paraformer (tests/fixtures/paraformer, a released directory's layout) exported by
     `python -m export paraformer --checkpoint` in fp32 and int8: parity, verify and serving tests share it."""
-    from export.__main__ import main
-
-    def export(out: Path) -> None:
-        argv = ["paraformer", "--checkpoint", str(FIXTURES / "paraformer"), "--out", str(out), "--precision",
-                "fp32,int8", "--container", "8"]
-        assert main(argv) == 0
-
-    return exported_once(tmp_path_factory, "paraformer", export)
-
-
-QWEN3_CONTAINER = 8.0  # four 2 s attention windows of the tiny preset
-QWEN3_MAX_NEW_TOKENS = 16
+    return exported_once(tmp_path_factory, "paraformer")
 
 
 @pytest.fixture(scope="session")
 def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Qwen3-ASR's tiny geometry with seeded random weights, fp32, int8 and fp16, in an 8 s container, written by
-    `python -m export qwen3-asr --random-init tiny` (about 35 s on 2 cores): export, verify and serving
-    tests share it. Its words are noise (a random decoder repeats one token), the graphs are the real ones."""
-    from export.__main__ import main
-
-    def export(out: Path) -> None:
-        argv = ["qwen3-asr", "--random-init", "tiny", "--out", str(out), "--container", str(QWEN3_CONTAINER),
-                "--max-new-tokens", str(QWEN3_MAX_NEW_TOKENS), "--precision", "fp32,int8,fp16"]
-        assert main(argv) == 0
-
-    return exported_once(tmp_path_factory, "qwen3-tiny", export)
+    """Qwen3-ASR's tiny geometry with seeded random weights, fp32, int8 and fp16, in an 8 s container, as
+    `python -m export qwen3-asr --random-init tiny` writes it: export, verify and serving tests share it. Its
+    words are noise (a random decoder repeats one token), the graphs are the real ones."""
+    return exported_once(tmp_path_factory, "qwen3-tiny")
 
 
 @pytest.fixture(scope="session")
@@ -169,16 +159,10 @@ def qwen3_released_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tests/qwen3_released.py), exported by `python -m export qwen3-asr --checkpoint` in fp32 and int8, an 8 s
     container, as many new tokens as the fixture's reference decoded: fp32 must decode the reference's tokens,
     and it is a Qwen3-ASR that takes hotwords (its merges.txt encodes them into the prompt)."""
-    from export.__main__ import main
-    from qwen3_released import CONFIG, released_files
+    return exported_once(tmp_path_factory, "qwen3-released")
 
-    def export(out: Path) -> None:
-        checkpoint = out.parent / "qwen3-released-checkpoint"
-        checkpoint.mkdir(exist_ok=True)
-        for name, data in released_files().items():
-            (checkpoint / name).write_bytes(data)
-        argv = ["qwen3-asr", "--checkpoint", str(checkpoint), "--out", str(out), "--container", str(QWEN3_CONTAINER),
-                "--max-new-tokens", str(CONFIG["max_new_tokens"]), "--precision", "fp32,int8"]
-        assert main(argv) == 0
 
-    return exported_once(tmp_path_factory, "qwen3-released", export)
+@pytest.fixture(scope="session")
+def paraformer_unmasked_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A defective tiny Paraformer (fp32) whose attention takes no mask: padding reaches every attention."""
+    return exported_once(tmp_path_factory, "paraformer-unmasked")

@@ -121,12 +121,11 @@ def test_random_tiny_export_and_verify_pass(tiny_model_dir: Path) -> None:
             assert figures["max_abs_err"] <= MAX_SCALED_ERR and figures["cosine"] >= MIN_COSINE and figures["tokens_equal"]
 
 
-def test_an_fp16_only_export_skips_the_fp32_graph(tmp_path: Path) -> None:
+def test_an_fp16_only_export_skips_the_fp32_graph(tiny_fp16_model_dir: Path) -> None:
     """A GPU's export (the lease's, bench/gpu_check.sh): one graph traced, with its decoding outputs."""
     import onnx
 
-    out = tmp_path / "fp16"
-    assert main(["sensevoice", "--random-init", "tiny", "--out", str(out), "--precision", "fp16"]) == 0
+    out = tiny_fp16_model_dir  # `sensevoice --random-init tiny --precision fp16` (tests/fixtures/make_exports.py)
     model = read_model_directory(out)
     assert model.manifest.files == {"fp16": "model.fp16.onnx"} and model.manifest.top_k == 8
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.fp16.onnx", "tokens.txt"]

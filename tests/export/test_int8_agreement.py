@@ -102,18 +102,12 @@ def test_the_fp32_bound_grows_with_depth() -> None:
     assert model_blocks({"audio": {"encoder_layers": 18}, "text": {"num_hidden_layers": 28}, "prompt": 9}) == 46
 
 
-def test_a_graph_that_lets_padding_into_attention_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bound still catches a real padding defect: without the attention mask, padded frames take part in
-    every attention and the clip in the container differs from the clip alone far beyond the bound, even at
-    the released depth's bound."""
-    import torch
-
-    import models.paraformer
-    from export.paraformer import _write, random_model
-
-    monkeypatch.setattr(models.paraformer, "attention_bias", lambda mask: torch.zeros_like(mask).transpose(1, 2)[:, None])
-    model, tokens = random_model("tiny", 7)
-    out = _write(model, tokens, tmp_path / "unmasked", ("fp32",), "unmasked", {}, 8.0)
+def test_a_graph_that_lets_padding_into_attention_fails(paraformer_unmasked_dir: Path) -> None:
+    """The bound still catches a real padding defect: without the attention mask (tests/fixtures/make_exports.py
+    exports a tiny Paraformer whose attention_bias is zeros), padded frames take part in every attention and
+    the clip in the container differs from the clip alone far beyond the bound, even at the released depth's
+    bound."""
+    out = paraformer_unmasked_dir
     report = verify(out, None, None, (1.0,))
     result = report["precisions"]["fp32"]["lengths"]["1s"]
     assert not report["passed"]
