@@ -165,6 +165,10 @@ class StreamConnection:
             self._release_jobs()
             if not self._sender.done():
                 self._sender.cancel()
+            # A cancelled task keeps its CancelledError, whose traceback holds the send loop's frame and so this
+            # connection: with the task still ours, every connection a client closed was a reference cycle that
+            # only Python's full collection freed (its segmenter's buffers included).
+            self._sender = None
             ending.ended()
 
     async def _serve(self) -> None:

@@ -188,6 +188,9 @@ class Worker:
             if round_ is None:
                 return
             self._execute(*round_)
+            # not kept while the next round is awaited: its jobs hold their audio and, through their delivery,
+            # their connections, which would outlive their clients until any other job ran
+            round_ = None
 
     def _plan_on_grid(self) -> None:
         """The planner's table for the engine's warmed grid (again after a rebuild); None without batching."""

@@ -230,6 +230,39 @@ async def test_disconnect_mid_segment_leaks_no_tasks(serve_test_server, speech):
     assert metric(text, "unipad_sessions_active") == 0
 
 
+async def test_a_closed_connection_is_freed_without_the_cycle_collector(serve_test_server, speech):
+    """Every stream connection the client closed, ours and OpenAI Realtime's, mid-segment or idle, is freed
+    as soon as it ends. The cancelled send task kept its CancelledError, whose traceback held the connection:
+    a reference cycle that only Python's full collection freed, with the segmenter's buffers. And the worker
+    kept its last round's jobs while it waited for the next, and through their delivery their connections."""
+    import gc
+
+    from server.streaming import StreamConnection
+
+    def alive() -> int:
+        return sum(issubclass(type(o), StreamConnection) for o in gc.get_objects())  # (type: weak proxies)
+
+    async with serve_test_server() as url:
+        await run_stream(url, speech.audio)  # warm every lazy path once
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):
+                async with websockets.connect(url) as ws:
+                    await ws.send(START)
+                    await ws.recv()
+                    await ws.send(pcm16(speech.audio[: seconds_to_samples(speech.utterances[1]["end"] - 0.3)]))
+                    await ws.recv()  # a final: the next segment is open
+                async with websockets.connect(f"ws://127.0.0.1:{url.port}/v1/realtime?intent=transcription") as ws:
+                    await ws.recv()  # session.created
+                async with websockets.connect(url):
+                    pass  # gone before it started
+            await eventually(lambda: not url.server.connections and url.server.worker.depth == 0)
+            await eventually(lambda: alive() == 0, timeout=2.0)
+        finally:
+            gc.enable()
+
+
 async def test_shutdown_stops_accepting_while_it_drains(serve_test_server, word):
     running, release = threading.Event(), threading.Event()
 
