@@ -140,8 +140,8 @@ class DeepgramConnection(StreamConnection):
             if kind == "Finalize":
                 await self._finalize("finalize")
             elif kind != "KeepAlive":
-                self._put(error_message(f"unknown message {kind[:MAX_QUOTED_TYPE]!r}: send audio as binary messages, or KeepAlive, "
-                                        "Finalize or CloseStream", "SchemaError", message[:200]))
+                self._put(error_message(f"unknown message {kind[:MAX_QUOTED_TYPE]!r}: send audio as binary messages, "
+                                        "or KeepAlive, Finalize or CloseStream", "SchemaError", message[:200]))
 
     def _free_keepalive(self, kind: str) -> bool:
         """Whether this message is a KeepAlive that the flood policy does not count: one a second of the

@@ -18,5 +18,6 @@ def test_every_export_is_committed_with_what_it_was_made_from():
     assert all((OUT / name / "manifest.json").is_file() for name in EXPORTS)
     text = SOURCES.read_text(encoding="utf-8")
     for needed in ("models/sensevoice.py", "models/paraformer.py", "models/qwen3_asr.py", "export/onnx_export.py",
-                   "tests/fixtures/paraformer/model.pt", "tests/fixtures/qwen3/model.pt", "tests/fixtures/make_exports.py"):
+                   "tests/fixtures/paraformer/model.pt", "tests/fixtures/qwen3/model.pt",
+                   "tests/fixtures/make_exports.py"):
         assert f'"{needed}"' in text, f"SOURCES.json does not record {needed}"

@@ -229,9 +229,9 @@ async def test_bad_input_answered_in_deepgram_form(serve_test_server, test_model
 
 
 async def test_messages_sent_faster_than_their_answers_are_read(serve_test_server, test_model_dir):
-    """300 mistakes (one a type of 60,000 characters), 100 Finalize and 50 KeepAlive written at once, then the audio: every mistake answered
-    with its SchemaError, then the transcript. The connection reads no further while half its outbox waits;
-    a burst once overflowed it (an internal error, 1011, every answer lost)."""
+    """300 mistakes (one a type of 60,000 characters), 100 Finalize and 50 KeepAlive written at once, then the
+    audio: every mistake answered with its SchemaError, then the transcript. The connection reads no further
+    while half its outbox waits; a burst once overflowed it (an internal error, 1011, every answer lost)."""
     audio = recording()
     deep = "[" * 60000  # JSON nested past any protocol's depth: refused unparsed (was a RecursionError)
     async with serve_test_server(token=TOKEN) as url:
