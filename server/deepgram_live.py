@@ -26,7 +26,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 
 from pipeline.audio import AudioFormat, check_format
-from pipeline.errors import AudioFormatError, UnipadError
+from pipeline.errors import AudioFormatError, UnipadError, quoted
 from pipeline.json_text import loads_shallow
 from pipeline.segmenter import PartialDue, SegmentFinished, SpeechStarted
 from pipeline.stream import StreamSession
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 KEEPALIVE_FREE_EVERY = 1.0  # seconds; Deepgram asks for a KeepAlive every 3-5 s without audio
-MAX_QUOTED_TYPE = 64  # characters of an unknown message type quoted back (the message itself: its first 200)
 OUTBOX_LIMIT = 256  # messages waiting for a client: finals, SpeechStarted and UtteranceEnd of every channel
 
 
@@ -140,8 +139,8 @@ class DeepgramConnection(StreamConnection):
             if kind == "Finalize":
                 await self._finalize("finalize")
             elif kind != "KeepAlive":
-                self._put(error_message(f"unknown message {kind[:MAX_QUOTED_TYPE]!r}: send audio as binary messages, "
-                                        "or KeepAlive, Finalize or CloseStream", "SchemaError", message[:200]))
+                self._put(error_message(f"unknown message {quoted(kind)}: send audio as binary messages, or KeepAlive, "
+                                        "Finalize or CloseStream", "SchemaError", message[:200]))
 
     def _free_keepalive(self, kind: str) -> bool:
         """Whether this message is a KeepAlive that the flood policy does not count: one a second of the

@@ -30,7 +30,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from pipeline.audio import SAMPLE_RATE, AudioFormat, Resampler, decode_pcm
-from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
+from pipeline.errors import AudioFormatError, ProtocolError, UnipadError, quoted
 from pipeline.segmenter import SegmentFinished, SpeechStarted
 from pipeline.stable_prefix import StablePrefix
 from pipeline.stream import StreamSession
@@ -131,7 +131,7 @@ class RealtimeConnection(StreamConnection):
                     self._continuation.forget()
                 self._put(event("input_audio_buffer.cleared"))
             else:
-                raise EventError(f"Invalid value: '{str(kind)[:64]}'. This server takes {GA_UPDATE}, {BETA_UPDATE} and "
+                raise EventError(f"Invalid value: {quoted(kind)}. This server takes {GA_UPDATE}, {BETA_UPDATE} and "
                                  "input_audio_buffer.append, .commit and .clear", param="type")
         except EventError as exc:
             event_id = data.get("event_id")  # echoed in the error: a client's own ids are short
