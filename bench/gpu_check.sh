@@ -78,7 +78,7 @@ lease() {  # the `lease` mode: see the top of this file
   run_step load 330 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
     --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
     --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 150 \
-    --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
+    --keep-going --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
   # 2. the ladder with CUDA graphs and a batch of 64: the second lease found a call's 19-32 ms set by the
   #    graph's node launches, not its arithmetic (docs/benchmarks.md), which one replayed graph per shape
   #    saves, and 16 rows cost about as much as 1, so fewer, fuller calls serve more streams
@@ -86,7 +86,7 @@ lease() {  # the `lease` mode: see the top of this file
     --containers "$ladder" --batch-sizes "${GRAPH_BATCHES:-1,4,16,64}" --cuda-graph --measure-costs \
     --cost-table "$OUT/costs-graph.json" \
     --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 120 \
-    --final-timeout 30 --server-log "$OUT/server-graph.txt" --save "$OUT/load-graph.json"
+    --keep-going --final-timeout 30 --server-log "$OUT/server-graph.txt" --save "$OUT/load-graph.json"
   # 3. one 30 s segment alone (the serving path, batch 1) and its ORT profile
   run_step segment30 60 segment30.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
     --skip exact,fixed --containers 30 --batch-sizes 1 --lengths 30 --repeats 20 --warmup 3 \

@@ -288,7 +288,7 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
                                   f"{step['problems'][0] if step['problems'] else 'no connection'}")
             if step["problems"] and any("1013" in p or "overloaded" in p for p in step["problems"]):
                 raise UnipadError(f"the server refused streams at {n} (overloaded; raise its --max-sessions)")
-            if not step["passed"]:
+            if not step["passed"] and not args.keep_going:
                 result["stopped"] = f"target missed at {n} streams"
                 break
     finally:
@@ -316,6 +316,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=float, default=0.1, help="seconds of audio per message")
     parser.add_argument("--target", type=float, default=1.0, help="p95 latency beyond the end silence to pass")
     parser.add_argument("--max-time", type=float, default=900.0, help="stop stepping after this many seconds")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="step through every count even past a missed target (a GPU lease's whole ladder)")
     parser.add_argument("--final-timeout", type=float, default=120.0,
                         help="seconds a stream waits for its last results once its audio is sent; later, its finals "
                              "count as lost (a short one keeps a slow step's figures inside a time limit)")
