@@ -12,7 +12,8 @@
 # place (docs/benchmarks.md "A lease, step by step"): setup_device.sh, the fp16-only export, then in
 # priority order bench load on the ladder at 256, 400, 512 streams with the cost table its server measures,
 # the same with CUDA graphs, one 30 s segment with its profile, verify of Paraformer and Qwen3-ASR fp16 on
-# CUDA, the FSMN conv's four formulations; each step bounded by its cap and by
+# CUDA, the FSMN conv's four formulations; STEPS=load-servers,verify-pf (say) runs only those (and the setup
+# and export they need), for a second call on a fresh machine; each step bounded by its cap and by
 # what is left of the lease; steps.tsv records each one's limit, exit status and seconds; `python -m bench
 # lease $OUT` prints the summary table at the end, and every log goes into $OUT/logs.tar.gz. Rehearse it on a CPU:
 #   SIZE=tiny DEVICE=cpu OUT=/tmp/lease-rehearsal bash bench/gpu_check.sh lease
@@ -52,6 +53,7 @@ lease() {  # the `lease` mode: see the top of this file
   run_step() {  # run_step NAME CAP LOG COMMAND...: at most CAP seconds, and never past the deadline
     local name=$1 cap=$2 log=$3; shift 3
     local left=$((deadline - $(date +%s))) t0
+    case $name in setup | export) ;; *) case ",${STEPS:-$name}," in *",$name,"*) ;; *) return ;; esac ;; esac
     local limit=$((cap < left - 5 ? cap : left - 5))
     if [ "$limit" -lt 15 ]; then printf '%s\t%s\tskipped\t0\n' "$name" "$cap" >> "$OUT/steps.tsv"; return; fi
     t0=$(date +%s)
@@ -87,25 +89,34 @@ lease() {  # the `lease` mode: see the top of this file
     --cost-table "$OUT/costs-graph.json" \
     --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 120 \
     --keep-going --final-timeout 30 --server-log "$OUT/server-graph.txt" --save "$OUT/load-graph.json"
-  # 3. one 30 s segment alone (the serving path, batch 1) and its ORT profile
+  # 3. two servers on the one GPU, the streams dealt out in turn (deploy/haproxy.cfg on one box): the third
+  #    lease's one server met 400 streams with CUDA graphs but not 512 (p95 2.9 s after the VAD, the worker
+  #    behind, 139 % CPU: its event loop and its worker share one GIL). Batch sizes up to 16: each server's
+  #    grid holds its own GPU memory (batch 64 x 30 s alone took 22 GiB)
+  run_step load-servers 200 load-servers.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" \
+    --precision fp16 --servers 2 --containers "$ladder" --batch-sizes "$batches" --cuda-graph --measure-costs \
+    --cost-table "$OUT/costs-servers.json" --server-log-level info --streams "${SERVER_STREAMS:-$streams}" \
+    --seconds "$seconds" --target 0.5 --max-time 120 --keep-going --final-timeout 30 \
+    --server-log "$OUT/server-servers.txt" --save "$OUT/load-servers.json"
+  # 4. one 30 s segment alone (the serving path, batch 1) and its ORT profile
   run_step segment30 60 segment30.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
     --skip exact,fixed --containers 30 --batch-sizes 1 --lengths 30 --repeats 20 --warmup 3 \
     --profile "$OUT/profile" --save "$OUT/segment30.json"
-  # 4. the other families' CUDA path, on tiny fp16 exports made before the lease (lease-prepare)
+  # 5. the other families' CUDA path, on tiny fp16 exports made before the lease (lease-prepare)
   [ -f "$pf/manifest.json" ] || run_step export-pf 60 export-pf.txt "$PY" -m export paraformer --random-init tiny \
     --precision fp16 --out "$pf"
   run_step verify-pf 45 verify-paraformer.txt "$PY" -m export verify "$pf" --device "$DEVICE"
   [ -f "$qw/manifest.json" ] || run_step export-qw 60 export-qw.txt "$PY" -m export qwen3-asr --random-init tiny \
     --container 8 --precision fp16 --out "$qw"
   run_step verify-qw 45 verify-qwen3.txt "$PY" -m export verify "$qw" --device "$DEVICE" --lengths 2,5,7.5
-  # 5. why a CUDA session's first run is slow: the FSMN block's depthwise conv written four ways
+  # 6. why a CUDA session's first run is slow: the FSMN block's depthwise conv written four ways
   run_step fsmn 90 fsmn.txt "$PY" -m bench fsmn --device "$DEVICE" --save "$OUT/fsmn.json"
   echo "lease: $(($(date +%s) - began)) s of ${LEASE_SECONDS:-570}" | tee -a "$OUT/steps.txt"
   "$PY" -m bench lease "$OUT" | tee "$OUT/summary.txt"
   # The device tool brings back 8 files of $OUT (the second lease lost server.txt, the ninth): every log in
   # one archive, the summary and the two tables beside it
   tar -czf /tmp/lease-logs.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -not -name summary.txt \
-    -not -name 'costs*.json' -not -name 'load*.json' -delete && mv /tmp/lease-logs.tar.gz "$OUT/logs.tar.gz"
+    -not -name 'costs.json' -not -name 'costs-graph.json' -not -name 'load*.json' -delete && mv /tmp/lease-logs.tar.gz "$OUT/logs.tar.gz"
 }
 
 case "${1:-}" in

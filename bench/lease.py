@@ -1,7 +1,7 @@
 """`python -m bench lease OUT`: the summary table of one GPU lease (bench/gpu_check.sh lease), from what it
 left in OUT: steps.tsv (each step's limit, exit status and seconds), costs.json (the cost table the load's
 server measured; model.json, a `bench model` one, where a lease made it), load.json (the ladder under load;
-load-graph.json, the same with CUDA graphs),
+load-graph.json, the same with CUDA graphs; load-servers.json, several servers on the one GPU),
 fsmn.json (the FSMN conv's formulations), segment30.json (one 30 s segment and its profile) and verify-*.txt.
 Prints what was measured against the issue's targets; a step that did not finish shows as such.
 """
@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     graph = read_json(out / "load-graph.json")
     if (out / "load-graph.json").exists():  # the step ran: said even when it left nothing readable
         print_load(graph, " with CUDA graphs")
+    several = read_json(out / "load-servers.json")
+    if (out / "load-servers.json").exists():
+        print_load(several, f" on {(several or {}).get('servers', 'several')} servers, CUDA graphs")
     segment = read_json(out / "segment30.json")
     seconds = None
     if segment:
@@ -99,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     print("\ntargets:", ", ".join(targets(load, seconds)) or "none measured")
     if graph:
         print("targets with CUDA graphs:", ", ".join(targets(graph, None)) or "none measured")
+    if several:
+        print(f"targets on {several.get('servers')} servers:", ", ".join(targets(several, None)) or "none measured")
     return 0
 
 

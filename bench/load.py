@@ -13,8 +13,10 @@ live microphone would have it (at the end of the chunk). Partials on. Per step o
   * lost        utterances with no final (must be 0); error messages; refused or broken connections.
   * server      CPU (% of one core) and resident memory of the server process (psutil on its pid).
 N steps up through --streams; the step passes when p95 beyond_silence < --target and nothing is lost.
-Stepping stops at the first failing step or after --max-time. Loopback only.
-Without --url the command starts `python -m server` on 127.0.0.1 itself and stops it at the end.
+Stepping stops at the first failing step (unless --keep-going) or after --max-time. Loopback only.
+Without --url the command starts `python -m server` on 127.0.0.1 itself and stops it at the end; with
+--servers N it starts N of them on the same model and device and deals the streams out in turn (what
+deploy/haproxy.cfg's balancing does on one box), and the server figures are their sums.
 """
 from __future__ import annotations
 
@@ -199,31 +201,52 @@ def score(results: list[ClientResult], end_silence: float, partial_interval: flo
 
 # ---- the run ---------------------------------------------------------------------------------------
 
-async def run_step(url: str, host: str, port: int, pid: int | None, n: int, args) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """One server the streams go to: its stream URL, its HTTP address and the pid to watch."""
+
+    url: str
+    host: str
+    port: int
+    pid: int | None
+
+
+async def run_step(targets: list[Target], n: int, args) -> dict[str, Any]:
     utterances = load_utterances()
     meetings = [meeting(args.seed + i, args.seconds, utterances) for i in range(n)]
-    before = await scrape(host, port)
-    server: dict[str, Any] = {}
+    before = [await scrape(t.host, t.port) for t in targets]
+    watched: list[dict[str, Any]] = [{} for _ in targets]
     stop = asyncio.Event()
-    sampler = asyncio.ensure_future(sample_process(pid, stop, server))
+    samplers = [asyncio.ensure_future(sample_process(t.pid, stop, out)) for t, out in zip(targets, watched)]
     began = time.monotonic()
     wait = args.seconds + args.final_timeout
-    results = await asyncio.gather(*(stream_client(url, m, args.chunk, wait) for m in meetings))
+    results = await asyncio.gather(*(stream_client(targets[i % len(targets)].url, m, args.chunk, wait)
+                                     for i, m in enumerate(meetings)))
     stop.set()
-    await sampler
-    after = await scrape(host, port)
+    await asyncio.gather(*samplers)
+    after = [await scrape(t.host, t.port) for t in targets]
+    server = watched[0] if len(targets) == 1 else summed(watched)
     step = {"streams": n, "wall_seconds": round(time.monotonic() - began, 1),
             **score(list(results), args.end_silence, args.partial_interval), "server": server}
-    if before is not None and after is not None:
-        step["server"]["partials_dropped"] = int(metric(after, "unipad_partials_dropped_total")
-                                                 - metric(before, "unipad_partials_dropped_total"))
-        step["server"]["partials_sent"] = int(metric(after, "unipad_partials_total")
-                                              - metric(before, "unipad_partials_total"))
-        step["server"]["unwarmed_shape_calls"] = int(metric(after, "unipad_unwarmed_shape_calls"))
+    if None not in before and None not in after:
+        def grown(name: str) -> int:
+            return int(sum(metric(a, name) - metric(b, name) for a, b in zip(after, before)))
+        step["server"]["partials_dropped"] = grown("unipad_partials_dropped_total")
+        step["server"]["partials_sent"] = grown("unipad_partials_total")
+        step["server"]["unwarmed_shape_calls"] = int(sum(metric(a, "unipad_unwarmed_shape_calls") for a in after))
     p95 = step["beyond_silence"]["p95"]
     step["passed"] = (step["lost"] == 0 and step["errors"] == 0 and step["clients_failed"] == 0
                       and p95 is not None and p95 < args.target)
     return step
+
+
+def summed(watched: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several servers' CPU and memory as one box's: the sums (peaks summed: an upper bound), and each."""
+    total: dict[str, Any] = {}
+    for key in ("cpu_mean", "cpu_max", "rss_peak_mib"):
+        values = [w.get(key) for w in watched]
+        total[key] = None if None in values else round(sum(values), 1)
+    return {**total, "per_server": watched}
 
 
 async def scrape(host: str, port: int) -> str | None:
@@ -236,7 +259,7 @@ async def scrape(host: str, port: int) -> str | None:
 
 async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
     streams = parse_streams(args.streams)
-    server: ServerProcess | None = None
+    servers: list[ServerProcess] = []
     if args.url:
         parts = urlsplit(args.url)
         if parts.scheme != "ws" or parts.hostname not in LOOPBACK or not parts.port:
@@ -248,25 +271,28 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
             raise UnipadError(f"server unreachable at {host}:{port}: {exc}") from None
         if status != 200:
             raise UnipadError(f"server at {host}:{port} is not ready ({status}): {body.strip()[:200]}")
-        pid = args.server_pid or listening_pid(port)
+        targets = [Target(url, host, port, args.server_pid or listening_pid(port))]
     else:
         directory = read_model_directory(args.model)
         result["model"] = directory.manifest.name
-        server = ServerProcess(args, max(streams))
-        say(f"starting the server on 127.0.0.1:{server.port} with {args.model} ...")
+        share = -(-max(streams) // args.servers)  # each server's sessions: its turn of the largest step
+        servers = [ServerProcess(server_args(args, k), share) for k in range(args.servers)]
+        say(f"starting {len(servers)} server(s) on 127.0.0.1:{','.join(str(s.port) for s in servers)} "
+            f"with {args.model} ...")
         try:
-            result["server_ready_seconds"] = round(await server.wait_ready(READY_TIMEOUT), 1)
+            ready = await asyncio.gather(*(s.wait_ready(READY_TIMEOUT) for s in servers))
         except BaseException:
-            server.stop()
+            for s in servers:
+                s.stop()
             raise
-        host, port, pid = "127.0.0.1", server.port, server.pid
-        url = f"ws://127.0.0.1:{port}{STREAM_PATH}"
+        result["server_ready_seconds"] = round(max(ready), 1)
+        targets = [Target(f"ws://127.0.0.1:{s.port}{STREAM_PATH}", "127.0.0.1", s.port, s.pid) for s in servers]
     try:
-        status, body = await http_get(host, port, "/readyz")
+        status, body = await http_get(targets[0].host, targets[0].port, "/readyz")
         result["server_info"] = json.loads(body) if status == 200 else None
     except (OSError, ValueError, asyncio.TimeoutError):
         pass
-    result["server_pid_watched"] = pid is not None
+    result["server_pid_watched"] = all(t.pid is not None for t in targets)
     began = time.monotonic()
     try:
         for n in streams:
@@ -274,7 +300,7 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 result["stopped"] = f"--max-time {args.max_time:g} s reached"
                 break
             say(f"{n} stream(s) x {args.seconds:g} s ...")
-            step = await run_step(url, host, port, pid, n, args)
+            step = await run_step(targets, n, args)
             result["steps"].append(step)
             if args.save is not None:  # each step as it ends: a run cut short (a lease's time limit) keeps them
                 args.save.parent.mkdir(parents=True, exist_ok=True)
@@ -283,7 +309,7 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 f"partials {step['partials_per_speech_second']}/speech-s, "
                 f"errors {step['errors']}, server CPU {step['server'].get('cpu_mean')} %"
                 + (f", problems: {step['problems'][:2]}" if step["problems"] else ""))
-            if step["clients_failed"] == n or (server is not None and server.process.poll() is not None):
+            if step["clients_failed"] == n or any(s.process.poll() is not None for s in servers):
                 raise UnipadError(f"the server stopped answering at {n} streams: "
                                   f"{step['problems'][0] if step['problems'] else 'no connection'}")
             if step["problems"] and any("1013" in p or "overloaded" in p for p in step["problems"]):
@@ -292,8 +318,18 @@ async def run_async(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 result["stopped"] = f"target missed at {n} streams"
                 break
     finally:
-        if server is not None:
-            server.stop()
+        for s in servers:
+            s.stop()
+
+
+def server_args(args: argparse.Namespace, k: int) -> argparse.Namespace:
+    """Server k's options: the first writes its log and measured costs where asked, the others beside them."""
+    if k == 0:
+        return args
+    def beside(path: Path | None) -> Path | None:
+        return None if path is None else path.with_name(f"{path.stem}-{k}{path.suffix}")
+    return argparse.Namespace(**{**vars(args), "server_log": beside(args.server_log),
+                                 "cost_table": beside(args.cost_table) if args.measure_costs else args.cost_table})
 
 
 def parse_streams(text: str) -> list[int]:
@@ -340,6 +376,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "session's creation and warm-up, the costs it plans from)")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
     parser.add_argument("--cuda-graph", action="store_true", help="for the server we start: CUDA graphs replayed")
+    parser.add_argument("--servers", type=int, default=1, help="start this many servers on the same model and "
+                        "device and deal the streams out among them (one box behind a load balancer)")
     parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "
                         "the process listening on the port)")
     parser.add_argument("--server-log", type=Path, default=None, help="write the started server's log here")
@@ -349,6 +387,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.seconds < 5 or args.chunk <= 0 or args.chunk > 1:
         raise ValueError("--seconds must be >= 5 and --chunk in (0, 1]")
+    if args.servers < 1 or (args.servers > 1 and args.url):
+        raise ValueError("--servers must be >= 1, and is for servers this command starts (--model), not --url")
     result: dict[str, Any] = {
         "command": "load", "argv": command_line(), "model_dir": None if args.url else str(args.model),
         "url": args.url,
@@ -356,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
         "partial_interval": args.partial_interval, "partial_window": args.partial_window,
         "device": args.device, "batch_sizes": args.batch_sizes, "target_p95_beyond_silence": args.target,
         "precision": args.precision, "containers": args.containers, "threads": args.threads,
-        "cuda_graph": args.cuda_graph,
+        "cuda_graph": args.cuda_graph, "servers": args.servers,
         "cost_table": None if args.cost_table is None else str(args.cost_table),
         "measure_costs": args.measure_costs, "final_timeout": args.final_timeout, "machine": machine(),
         "steps": [],
