@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print_load(graph, " with CUDA graphs")
     several = read_json(out / "load-servers.json")
     if (out / "load-servers.json").exists():
-        print_load(several, f" on {(several or {}).get('servers', 'several')} servers, CUDA graphs")
+        print_load(several, f" on {(several or {}).get('servers', 'several')} servers"
+                   + (", CUDA graphs" if (several or {}).get("cuda_graph") else ""))
     segment = read_json(out / "segment30.json")
     seconds = None
     if segment:

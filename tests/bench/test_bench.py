@@ -112,14 +112,22 @@ def test_load_bench_starts_a_server_and_loses_nothing(tiny_model_dir: Path, tmp_
 
 
 def test_a_lease_summary_shows_the_table_the_load_benchs_server_measured(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two servers (--servers 2, the lease's load-servers step), each measuring its own table; a target no
+    step meets, and --keep-going steps on past it (the lease's whole ladder)."""
     code, result, err = bench("load", "--model", str(tiny_model_dir), "--device", "cpu", "--precision", "fp32",
                               "--containers", "4,30", "--batch-sizes", "1,4", "--measure-costs", "--cost-table",
-                              str(tmp_path / "costs.json"), "--streams", "1", "--seconds", "5",
-                              "--save", str(tmp_path / "load.json"))
+                              str(tmp_path / "costs.json"), "--servers", "2", "--streams", "1,3", "--seconds", "5",
+                              "--target", "0.001", "--keep-going", "--save", str(tmp_path / "load.json"))
     assert code == 0, err
-    assert result["server_info"]["costs"].startswith("measured (fp32 on cpu") and result["steps"][0]["lost"] == 0
-    table = read_cost_tables(json.loads((tmp_path / "costs.json").read_text()))["fp32"]
-    assert set(table.seconds) == {(b, c * 16000) for b in (1, 4) for c in (4, 30)}
+    assert result["server_info"]["costs"].startswith("measured (fp32 on cpu")
+    assert [s["streams"] for s in result["steps"]] == [1, 3] and result["capacity"] == 0 and "stopped" not in result
+    assert all(s["lost"] == 0 and s["finals"] == s["utterances"] and not s["passed"] for s in result["steps"])
+    watched = result["steps"][1]["server"]["per_server"]  # streams dealt out in turn: both servers served
+    assert len(watched) == 2 and all(w["rss_peak_mib"] > 0 for w in watched)
+    assert result["steps"][1]["server"]["partials_sent"] > 0 and result["server_info"]["max_sessions"] == 2
+    for name in ("costs.json", "costs-1.json"):  # each server's own table, none written over
+        table = read_cost_tables(json.loads((tmp_path / name).read_text()))["fp32"]
+        assert set(table.seconds) == {(b, c * 16000) for b in (1, 4) for c in (4, 30)}
     done = subprocess.run([sys.executable, "-m", "bench", "lease", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -132,6 +140,11 @@ def test_a_lease_summary_shows_the_table_the_load_benchs_server_measured(tiny_mo
                           text=True, timeout=60)
     assert "load with CUDA graphs on the ladder 4,30" in done.stdout, done.stdout
     assert "targets with CUDA graphs: finals lost 0" in done.stdout, done.stdout
+    (tmp_path / "load-servers.json").write_text((tmp_path / "load.json").read_text())
+    done = subprocess.run([sys.executable, "-m", "bench", "lease", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert "load on 2 servers on the ladder 4,30" in done.stdout, done.stdout
+    assert "targets on 2 servers: finals lost 0" in done.stdout, done.stdout
 
 
 def test_fsmn_bench_times_four_forms_that_agree(tmp_path: Path) -> None:

@@ -85,9 +85,9 @@ def test_only_near_ties_may_turn_in_fp16() -> None:
 def test_a_cif_fire_may_move_a_frame_in_fp16_only() -> None:
     """verify's fp16 rule for the CIF: a token that fires one frame later alone than in the container, its
     cumulative weight having met the whole number within rounding of the frame's edge, is a near-tie (the
-    tiny model's 29 s clip on CUDA: its peaks differed by 0.997 at two frames); the drift of the cumulative
-    weight is what the bound judges, so a fire moved by weights that really differ still fails; fp32 and
-    int8 (bound 0) allow none."""
+    tiny model's 29 s clip on CUDA: its peaks differed by 0.997 at two frames); the cumulative weight is
+    what fp16 compares, so a fire moved by weights that really differ still fails (the per-frame weights
+    too); fp32 and int8 (bound 0) allow none."""
     def output(alphas):
         total = np.cumsum(alphas)
         whole = np.floor(total)
@@ -106,6 +106,12 @@ def test_a_cif_fire_may_move_a_frame_in_fp16_only() -> None:
     assert compare(alone, alone, 0.0)["max_abs_err"] == 0 and compare(alone, alone, 0.0)["fires_moved"] == 0
     drifted = compare(alone, output([0.6, 0.6, 0.5, 0.3995]), FP16_MAX_SCALED_ERR)  # moved by 0.1 of weight
     assert drifted["fires_moved"] == 1 and drifted["max_scaled_err"] > FP16_MAX_SCALED_ERR
+    # The cumulative weight judged relative to itself: 400 frames whose rounding (2^-14 a frame, binary
+    # fractions so that the sums are exact) sums to 0.024 pass, where the peaks themselves differ by 0.024
+    long_alone = output([0.75] * 399 + [0.5])
+    long_rounded = output([0.75 + 2 ** -14] * 399 + [0.5])
+    long = compare(long_alone, long_rounded, FP16_MAX_SCALED_ERR)
+    assert long["tokens_equal"] and long["max_scaled_err"] < 1e-4 and long["worst_part"] == "cif_peaks"
     assert compare(alone, output([0.5, 0.5005, 0.6, 0.3]), FP16_MAX_SCALED_ERR)["fires_moved"] is None  # 1 fire
 
 
