@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.model import profile_graph
 from bench.serverproc import free_port
+from pipeline.modeldir import read_model_directory
 from pipeline.planner import read_cost_tables
 from pipeline.shapes import DEFAULT_CPU_CONTAINERS
 from server.config import ServerConfig, cost_tables
@@ -145,6 +147,18 @@ def test_a_lease_summary_shows_the_table_the_load_benchs_server_measured(tiny_mo
                           text=True, timeout=60)
     assert "load on 2 servers on the ladder 4,30" in done.stdout, done.stdout
     assert "targets on 2 servers: finals lost 0" in done.stdout, done.stdout
+
+
+def test_a_profile_sums_the_runs_after_the_first(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`bench model --profile`: the first run's allocations (on CUDA, each conv's first call) stay out."""
+    path = read_model_directory(tiny_model_dir).onnx_path("fp32")
+    result = profile_graph(path, 2.0, 1, tmp_path, "tiny")
+    events = json.loads(Path(result["trace"]).read_text())
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    assert len(runs) == 2 and sum(o["nodes"] for o in result["by_op"]) * 2 == len(kernels)
+    second = [e for e in kernels if runs[1][0] <= e["ts"] <= runs[1][0] + runs[1][1]]
+    assert result["kernel_ms"] == pytest.approx(sum(e["dur"] for e in second) / 1000, abs=0.2)
 
 
 def test_fsmn_bench_times_four_forms_that_agree(tmp_path: Path) -> None:
