@@ -7,6 +7,7 @@
 #   bash bench/gpu_check.sh quick         # speed and load cut to fit one 10-minute command with the export
 #   bash bench/gpu_check.sh lease         # issue 34: everything one 15-minute lease measures, in one call (below)
 #   bash bench/gpu_check.sh lease-prepare # here, before a lease: the tiny Paraformer and Qwen3-ASR fp16 it verifies
+#   bash bench/gpu_check.sh lease-tree    # here, first: a branch without what the lease never reads (fewer chunks)
 #
 # `lease` runs in one device call of at most LEASE_SECONDS (570) after the onnxruntime-gpu chunks are in
 # place (docs/benchmarks.md "A lease, step by step"): setup_device.sh, the fp16-only export, then in
@@ -121,7 +122,14 @@ lease() {  # the `lease` mode: see the top of this file
 
 case "${1:-}" in
   lease) lease; exit 0 ;;
-  lease-chunks)  # here, after ../shared/gpu/prepare.sh: the wheel in the fewest calls 64 MiB allows
+  lease-tree)  # here, first: a temporary branch without the committed exports and the demo model (42 MB that
+    # travel with every device call and left 9 MiB a chunk: 28 calls), which the lease does not read
+    [ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "commit or stash your changes first"; exit 1; }
+    git switch -q -c lease-tree && git rm -rq tests/fixtures/exports models/demo &&
+      git commit -qm "Temporary lease tree (bench/gpu_check.sh lease-tree): never merged" || exit 1
+    echo "on branch lease-tree; afterwards: git switch - && git branch -D lease-tree"
+    exit 0 ;;
+  lease-chunks)  # here, after lease-tree and ../shared/gpu/prepare.sh: the wheel in the fewest calls 64 MiB allows
     n=$(cat .gpu-wheels/small/ort.parts); whl=/tmp/ort-gpu.whl; : > "$whl"
     for i in $(seq 0 $((n - 1))); do cat ".gpu-wheels/ort$i/part" >> "$whl"; done
     [ "$(sha256sum "$whl" | cut -d' ' -f1)" = "$(cat .gpu-wheels/small/ort.sha256)" ] || { echo "chunks damaged"; exit 1; }
@@ -184,5 +192,6 @@ case "${1:-}" in
       --max-time 150 --server-log "$OUT/server.txt" --save "$OUT/load.json"
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh correctness|speed|load|quick|quick2|lease|lease-prepare" >&2; exit 2 ;;
+    echo "usage: bash bench/gpu_check.sh correctness|speed|load|quick|quick2|lease|lease-tree|lease-chunks|lease-prepare" >&2
+    exit 2 ;;
 esac
