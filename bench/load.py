@@ -38,7 +38,7 @@ from pipeline.segmenter import SegmenterOptions
 from server.protocol import STREAM_PATH
 
 from .common import FIXTURES, command_line, emit, machine, percentiles, say
-from .serverproc import ServerProcess, http_get, listening_pid, metric, sample_process
+from .serverproc import ServerProcess, http_get, listening_pid, metric, sample_process, summed
 
 DEFAULT_STREAMS = "1,2,4,8,12,16,20,24,32"
 MAX_STREAMS = 512  # a GPU with batching aims at 400 (issue 13); steps such as 64,128,256,384,512
@@ -238,15 +238,6 @@ async def run_step(targets: list[Target], n: int, args) -> dict[str, Any]:
     step["passed"] = (step["lost"] == 0 and step["errors"] == 0 and step["clients_failed"] == 0
                       and p95 is not None and p95 < args.target)
     return step
-
-
-def summed(watched: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several servers' CPU and memory as one box's: the sums (peaks summed: an upper bound), and each."""
-    total: dict[str, Any] = {}
-    for key in ("cpu_mean", "cpu_max", "rss_peak_mib"):
-        values = [w.get(key) for w in watched]
-        total[key] = None if None in values else round(sum(values), 1)
-    return {**total, "per_server": watched}
 
 
 async def scrape(host: str, port: int) -> str | None:

@@ -135,3 +135,12 @@ async def sample_process(pid: int | None, stop: asyncio.Event, out: dict[str, An
         return
     out.update(cpu_mean=round(float(np.mean(cpu)), 1) if cpu else None,
                cpu_max=round(float(np.max(cpu)), 1) if cpu else None, rss_peak_mib=mib(max(rss)) if rss else None)
+
+
+def summed(watched: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several servers' CPU and memory as one box's: the sums (peaks summed: an upper bound), and each."""
+    total: dict[str, Any] = {}
+    for key in ("cpu_mean", "cpu_max", "rss_peak_mib"):
+        values = [w.get(key) for w in watched]
+        total[key] = None if None in values else round(sum(values), 1)
+    return {**total, "per_server": watched}
