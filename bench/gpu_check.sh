@@ -79,7 +79,7 @@ lease() {  # the `lease` mode: see the top of this file
   #    costs.json (time per call, build seconds and GPU memory per shape): one warm-up pays for both, where a
   #    separate `bench model` table paid a second one (12-14 s a session on CUDA, docs/benchmarks.md)
   run_step load 330 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
-    --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
+    --no-cuda-graph --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
     --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 150 \
     --keep-going --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
   # 2. the ladder with CUDA graphs and a batch of 64: the second lease found a call's 19-32 ms set by the

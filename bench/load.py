@@ -366,7 +366,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-log-level", default="warning", help="for the server we start (info: each "
                         "session's creation and warm-up, the costs it plans from)")
     parser.add_argument("--threads", type=int, default=0, help="for the server we start")
-    parser.add_argument("--cuda-graph", action="store_true", help="for the server we start: CUDA graphs replayed")
+    parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                        help="for the server we start: CUDA graphs replayed, or not (default: the server's choice)")
     parser.add_argument("--servers", type=int, default=1, help="start this many servers on the same model and "
                         "device and deal the streams out among them (one box behind a load balancer)")
     parser.add_argument("--server-pid", type=int, default=None, help="with --url: the pid to watch (default: "

@@ -59,9 +59,10 @@ class ServerProcess:
         for flag in ("device", "batch_sizes", "partial_window", "cost_table"):  # absent or None: the server's default
             if getattr(args, flag, None) is not None:
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        for flag in ("measure_costs", "cuda_graph"):  # switches: on when asked
-            if getattr(args, flag, False):
-                command.append(f"--{flag.replace('_', '-')}")
+        if getattr(args, "measure_costs", False):
+            command.append("--measure-costs")
+        if getattr(args, "cuda_graph", None) is not None:  # either way when asked; else the server's default
+            command.append("--cuda-graph" if args.cuda_graph else "--no-cuda-graph")
         command += getattr(args, "options", ())
         # A file, never a pipe: a pipe nobody reads would block a server that logs a lot under load.
         self.log = open(args.server_log, "w+b") if args.server_log else tempfile.TemporaryFile()

@@ -51,7 +51,8 @@ from . import recovery
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
 from .engine_options import (INT8_DRIFT_WARNING, PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision,
-                             default_containers, int8_drifts, one_session_per_graph, shape_plan)
+                             cuda_graph_by_default, default_containers, int8_drifts, one_session_per_graph,
+                             shape_plan)
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
 from .paraformer_stages import DecoderGrid, decoder_feed
@@ -83,6 +84,7 @@ class Engine:
         # Bytes in use on the device, read around each session's creation and warm-up (bench: nvidia-smi).
         self.memory_probe: Callable[[], int | None] | None = None
         self.device: str | None = None
+        self.cuda_graph = False  # whether the sessions replay CUDA graphs (engine_options.cuda_graph_by_default)
         self.provider: str | None = None
         self.precision: str | None = None
         self.policy: ShapePolicy | None = None
@@ -110,9 +112,7 @@ class Engine:
         devices = devices_to_try(self.options.device)
         for i, device in enumerate(devices):
             try:
-                self._build(device)
-                if warm_up:
-                    self.warm_up()  # a GPU that starts but cannot run fails here
+                self._build_and_warm(device, warm_up)
                 break
             except (ProviderError, InferenceError) as exc:
                 if self.options.device != "auto" or device == "cpu" or i == len(devices) - 1:
@@ -124,8 +124,9 @@ class Engine:
         self.stats.rss_after_load = process_rss()
         return self
 
-    def _build(self, device: str) -> None:
-        """Create the sessions of the whole grid on `device` (replacing any existing ones)."""
+    def _build(self, device: str, graphs: bool = True) -> None:
+        """Create the sessions of the whole grid on `device` (replacing any existing ones); `graphs` False: no
+        CUDA graphs, whatever the options."""
         self._sessions, self._shared, self._decoder = {}, {}, None
         self.stats.shared_weight_bytes, self.stats.session_rss = 0, {}
         drifts = int8_drifts(self.model.manifest, device)
@@ -135,7 +136,8 @@ class Engine:
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
-        config = provider_config(device, self.options.device_id, self.options.cuda_graph and device == "cuda",
+        self.cuda_graph = graphs and cuda_graph_by_default(self.options, device, self.model.manifest.architecture)
+        config = provider_config(device, self.options.device_id, self.cuda_graph,
                                  self.options.allow_tf32, self.options.dml_performance_preference,
                                  cpu_spin_us=self.options.cpu_spin_us)
         if self.qwen3:  # a ladder of whole attention windows, three graphs each (pipeline/qwen3_engine.py)
@@ -184,11 +186,24 @@ class Engine:
         self.device, self.provider, self.precision = device, config.provider, precision
         first = next(iter(sessions.values()))
         self.in_graph_decoding = all(name in first.output_names for name in DECODING_OUTPUT_NAMES)
-        log.info("engine: %s, %s graph %s, containers %s s, batch sizes %s, %s, %s", self.provider, precision,
+        log.info("engine: %s%s, %s graph %s, containers %s s, batch sizes %s, %s, %s", self.provider,
+                 " with CUDA graphs" if self.cuda_graph else "", precision,
                  path.name, ",".join(f"{c:g}" for c in policy.containers), ",".join(map(str, batch_sizes)),
                  "decoding in the graph" if self.in_graph_decoding else "decoding on the host",
                  f"{self.stats.shared_weight_bytes / 2**20:.0f} MiB of weights shared" if self._shared
                  else "one session per graph" if one_session else "weights per session")
+
+    def _build_and_warm(self, device: str, warm_up: bool) -> None:
+        """_build and warm_up (a GPU that starts but cannot run fails there); where CUDA graphs were on by
+        default and fail (a node the provider places on the CPU: no capture), the grid again without them."""
+        for graphs in (True, False):
+            try:
+                self._build(device, graphs)
+                return self.warm_up() if warm_up else None
+            except (ProviderError, InferenceError) as exc:
+                if not self.cuda_graph or self.options.cuda_graph is not None:
+                    raise
+                log.warning("CUDA graphs failed (%s); running the sessions without them", exc)
 
     def warm_up(self) -> None:
         """Run each session once with exactly its shape; afterwards the engine is ready."""
@@ -217,8 +232,7 @@ class Engine:
         """Drop every session of the grid and create and warm them again (on `device`, default the current one)."""
         device = device or self.device or "cpu"
         log.warning("rebuilding the engine's sessions on %s (was %s)", device, self.provider)
-        self._build(device)
-        self.warm_up()
+        self._build_and_warm(device, True)
         release_free_memory()
         self.stats.rebuilds += 1
 

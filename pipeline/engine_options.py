@@ -20,7 +20,8 @@ class EngineOptions:
     batch_sizes: tuple[int, ...] | None = None  # rows per run; None: the device's default (pipeline/batching.py)
     threads: int = 0  # intra_op_num_threads; 0: ONNX Runtime's default (one per physical core)
     device_id: int | None = None  # GPU / DirectML adapter index; None: CUDA 0, DirectML by preference
-    cuda_graph: bool = False  # CUDA only: capture each session's graph once and replay it (IO binding)
+    cuda_graph: bool | None = None  # CUDA only: capture each session's graph once and replay it (IO binding);
+                                    # None: cuda_graph_by_default
     allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
     dml_performance_preference: str = "high_performance"
     # One copy of the weights for all CPU sessions (a Paraformer: one prepacked session per graph; without,
@@ -114,6 +115,17 @@ def default_containers(device: str, architecture: str = "sensevoice") -> tuple[f
 
 def default_token_containers(device: str) -> tuple[int, ...]:
     return DEFAULT_CPU_TOKEN_CONTAINERS if device == "cpu" else DEFAULT_TOKEN_CONTAINERS
+
+
+def cuda_graph_by_default(options: EngineOptions, device: str, architecture: str) -> bool:
+    """Whether the sessions capture and replay CUDA graphs: as asked, else on for a CTC model (SenseVoice) on
+    CUDA. Measured on an H100 (docs/benchmarks.md, the third lease): a call 8-11 ms at batch 1 instead of
+    19-22 ms, its time being the graph's node launches, and 400 streams within p95 0.5 s instead of 256, with
+    replays equal to plain runs. Paraformer's and Qwen3-ASR's graphs have never been replayed on a GPU, so
+    they run plain unless asked."""
+    if options.cuda_graph is not None:
+        return options.cuda_graph and device == "cuda"
+    return device == "cuda" and architecture == "sensevoice"
 
 
 def one_session_per_graph(options: EngineOptions, device: str, architecture: str) -> bool:

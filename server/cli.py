@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-costs", action="store_true",
                    help="time every (batch, container) shape after the warm-up and plan batches from that (GPUs: "
                         "a few seconds more to start)")
-    p.add_argument("--cuda-graph", action="store_true", help="CUDA: capture each session's graph and replay it")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="CUDA: capture each session's graph once and replay it (default: on for SenseVoice, 8-11 ms "
+                        "a call at batch 1 instead of 19-22 on an H100; off for Paraformer and Qwen3-ASR)")
     p.add_argument("--allow-tf32", action="store_true", help="CUDA: TF32 matmuls for fp32 (faster, not exact)")
     p.add_argument("--share-weights", action=argparse.BooleanOptionalAction, default=d.share_weights,
                    help="CPU: the sessions share one copy of the weights; --no-share-weights: a copy each "

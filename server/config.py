@@ -44,7 +44,7 @@ class ServerConfig:
     batch_sizes: tuple[int, ...] | None = None  # rows per model run; None: the engine's default (1,4,16 GPU; 1 CPU)
     cost_table: Path | None = None  # `bench model --save` output: seconds per (batch, container); None: modelled
     measure_costs: bool = False  # time the warmed grid at startup and plan from that (written to cost_table if set)
-    cuda_graph: bool = False  # CUDA: capture and replay each session's graph
+    cuda_graph: bool | None = None  # CUDA: capture and replay each session's graph; None: SenseVoice's only
     allow_tf32: bool = False  # CUDA: TF32 matmuls for fp32 (faster, no longer exact)
     share_weights: bool = True  # CPU: one copy of the weights for all sessions (EngineOptions.share_weights)
     vad: str = _SEGMENTER.vad  # the frame VAD: webrtc or silero (pipeline/vad.py)

@@ -151,7 +151,8 @@ class Server:
         body: dict[str, Any] = {"sessions": len(self.connections), "max_sessions": self.config.max_sessions}
         if not self.ready:
             return 503, {"status": "warming_up", **body}
-        body |= {"provider": self.engine.provider, "containers": list(self.engine.containers),
+        body |= {"provider": self.engine.provider, "cuda_graph": getattr(self.engine, "cuda_graph", False),
+                 "containers": list(self.engine.containers),
                  "batch_sizes": list(getattr(self.engine, "batch_sizes", ())),
                  "costs": self.worker.table.source if self.worker.table is not None else None,
                  "queue": self.worker.depth}

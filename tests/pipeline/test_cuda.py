@@ -47,6 +47,7 @@ def test_auto_chooses_cuda_and_reports_it(tiny_model_dir):
     eng = Engine(tiny_model_dir, EngineOptions(containers=(2.0,), batch_sizes=(1,))).load()
     assert (eng.device, eng.provider) == ("cuda", "CUDAExecutionProvider")
     assert eng.ready and eng.stats.unwarmed_calls == 0
+    assert eng.cuda_graph  # SenseVoice replays CUDA graphs unless told not to
 
 
 def test_padding_is_invisible_on_cuda(tiny_model_dir, gpu):
@@ -97,8 +98,9 @@ def test_graph_decoding_outputs_equal_host_decoding_on_cuda(gpu, tiny_model_dir)
 
 def test_cuda_graph_replays_equal_plain_runs(tiny_model_dir):
     options = dict(device="cuda", precision="fp32", containers=(4.0,), batch_sizes=(1, 4))
-    graph = Engine(tiny_model_dir, EngineOptions(cuda_graph=True, **options)).load()
-    plain = Engine(tiny_model_dir, EngineOptions(**options)).load()
+    graph = Engine(tiny_model_dir, EngineOptions(**options)).load()  # SenseVoice's default
+    plain = Engine(tiny_model_dir, EngineOptions(cuda_graph=False, **options)).load()
+    assert graph.cuda_graph and not plain.cuda_graph
     for seed in range(4):  # every call after warm-up is a replay with new inputs copied in place
         clips = [Clip(clip(float(s), seed * 10 + i)) for i, s in enumerate((3.9, 1.2, 2.7)[: 1 + seed % 3])]
         for got, want in zip(graph.infer(clips, topk=True, full=True), plain.infer(clips, topk=True, full=True)):

@@ -16,6 +16,7 @@ import pytest
 from pipeline.audio import SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import Transcript
 from pipeline.engine import Engine, EngineOptions, choose_precision
+from pipeline.engine_options import cuda_graph_by_default
 from pipeline.errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from pipeline.shapes import DEFAULT_CPU_CONTAINERS
 from pipeline.providers import (
@@ -51,6 +52,23 @@ def test_cpu_options():
                        "session.force_spinning_stop": "1"}
     with pytest.raises(ValueError, match="cpu_spin_us must be >= 0"):
         EngineOptions(cpu_spin_us=-1)
+
+
+def test_cuda_graphs_by_default_only_where_they_were_measured():
+    """Replayed CUDA graphs by default for SenseVoice on CUDA (measured: docs/benchmarks.md, the third lease);
+    plain for the families never replayed on a GPU and on every other provider; as asked, where asked."""
+    auto = EngineOptions()
+    assert cuda_graph_by_default(auto, "cuda", "sensevoice")
+    assert not any(cuda_graph_by_default(auto, "cuda", family) for family in ("paraformer", "qwen3-asr"))
+    assert not any(cuda_graph_by_default(auto, device, "sensevoice") for device in ("cpu", "directml"))
+    assert not cuda_graph_by_default(EngineOptions(cuda_graph=False), "cuda", "sensevoice")
+    assert cuda_graph_by_default(EngineOptions(cuda_graph=True), "cuda", "paraformer")
+    assert not cuda_graph_by_default(EngineOptions(cuda_graph=True), "cpu", "sensevoice")
+
+
+def test_cpu_engine_replays_no_cuda_graph(tiny_model_dir):
+    eng = Engine(tiny_model_dir, EngineOptions(device="cpu", cuda_graph=True, containers=(2.0,))).load()
+    assert eng.cuda_graph is False and not next(iter(eng._sessions.values())).config.io_binding
 
 
 def test_cuda_options():

@@ -57,7 +57,7 @@ async def test_readyz_is_503_until_warmed_up_while_healthz_answers(serve_test_se
         ready = json.loads(body)
     assert status == 200
     assert ready["status"] == "ready"
-    assert ready["provider"] == "CPUExecutionProvider"
+    assert ready["provider"] == "CPUExecutionProvider" and ready["cuda_graph"] is False
     assert ready["containers"] == list(engine.containers)
     assert ready["sessions"] == 0
 
@@ -284,6 +284,16 @@ def test_cli_share_weights_reaches_the_engine(flags, shared, test_model_dir):
 
     args = build_parser().parse_args(["--model", str(test_model_dir), *flags])
     assert engine_options(config_from_args(args)).share_weights is shared
+
+
+@pytest.mark.parametrize("flags, graphs", [([], None), (["--cuda-graph"], True), (["--no-cuda-graph"], False)])
+def test_cli_cuda_graph_reaches_the_engine(flags, graphs, test_model_dir):
+    """Unsaid, the engine decides (engine_options.cuda_graph_by_default: SenseVoice on CUDA replays)."""
+    from server.cli import build_parser, config_from_args
+    from server.server import engine_options
+
+    args = build_parser().parse_args(["--model", str(test_model_dir), *flags])
+    assert engine_options(config_from_args(args)).cuda_graph is graphs
 
 
 def test_cli_cpu_spin_reaches_the_engine(test_model_dir, capsys):
