@@ -199,7 +199,9 @@ class Engine:
         for graphs in (True, False):
             try:
                 self._build(device, graphs)
-                return self.warm_up() if warm_up else None
+                if warm_up:
+                    self.warm_up()
+                return
             except (ProviderError, InferenceError) as exc:
                 if not self.cuda_graph or self.options.cuda_graph is not None:
                     raise
