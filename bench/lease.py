@@ -2,7 +2,8 @@
 left in OUT: steps.tsv (each step's limit, exit status and seconds), costs.json (the cost table the load's
 server measured; model.json, a `bench model` one, where a lease made it), load.json (the ladder under load;
 load-graph.json, the same with CUDA graphs; load-servers.json, several servers on the one GPU),
-fsmn.json (the FSMN conv's formulations), segment30.json (one 30 s segment and its profile) and verify-*.txt.
+fsmn.json (the FSMN conv's formulations), segment30.json (one 30 s segment and its profile), verify-*.txt and
+cuda-tests.txt (tests/pipeline/test_cuda.py's outcome).
 Prints what was measured against the issue's targets; a step that did not finish shows as such.
 """
 from __future__ import annotations
@@ -29,13 +30,16 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return []
+
+
 def last_json(path: Path) -> dict[str, Any] | None:
     """The last line of a log that is a JSON object (export verify prints its figures so)."""
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
+    for line in reversed(read_lines(path)):
         if line.startswith("{"):
             try:
                 return json.loads(line)
@@ -97,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{r['run_ms']:8.2f} ms  max |diff| {r['max_diff']:.1e}")
         for form, firsts in fsmn.get("one_session_first_runs", {}).items():
             print(f"  {form}, one session of free shape, first run at each shape in turn: {firsts} s")
+    outcome = [line for line in read_lines(out / "cuda-tests.txt") if " passed" in line or " failed" in line
+               or " skipped" in line or " error" in line]
+    if outcome:
+        print(f"GPU-only tests (tests/pipeline/test_cuda.py): {outcome[-1].strip('= ')}")
     for name in ("paraformer", "qwen3"):
         figures = last_json(out / f"verify-{name}.txt")
         print(f"verify {name}: " + ("no result" if figures is None else f"passed {figures.get('passed')}"))
