@@ -12,6 +12,8 @@
                     container), all created and warmed with the grid; on the CPU open shapes instead
                     (pipeline/shapes.py): each clip at its own length, only the largest container warmed
         warm-up     each session runs once with exactly its shape before the engine is ready
+        CUDA graphs SenseVoice's sessions on CUDA capture theirs in the warm-up and replay it (unless told
+                    not to; engine_options.cuda_graph_by_default), plain runs where the capture fails
     engine.infer([Clip], topk=False, full=False) -> [ClipOutput]   clips grouped by container, packed
                 into the grid's batches; a clip's output does not depend on its batch-mates
     engine.transcribe_many([Clip], offsets) -> [Transcript];  engine.transcribe(audio, ...) -> Transcript
