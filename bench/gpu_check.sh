@@ -11,12 +11,13 @@
 #
 # `lease` runs in one device call of at most LEASE_SECONDS (570) after the onnxruntime-gpu chunks are in
 # place (docs/benchmarks.md "A lease, step by step"): setup_device.sh, the GPU-only tests, the fp16-only
-# export, then in priority order bench load on the ladder at 256, 400, 512 streams with the cost table its server measures,
-# the same with CUDA graphs, one 30 s segment with its profile, verify of Paraformer and Qwen3-ASR fp16 on
-# CUDA, the FSMN conv's four formulations; STEPS=load-servers,verify-pf (say) runs only those (and the setup
-# and export they need), for a second call on a fresh machine; each step bounded by its cap and by
-# what is left of the lease; steps.tsv records each one's limit, exit status and seconds; `python -m bench
-# lease $OUT` prints the summary table at the end, and every log goes into $OUT/logs.tar.gz. Rehearse it on a CPU:
+# export, then in priority order verify of Paraformer and Qwen3-ASR fp16 on CUDA, bench load on the ladder at
+# 256, 400, 512 streams with CUDA graphs and the cost table its server measures, the same on two servers, one
+# 30 s segment with its profile, the ladder without CUDA graphs, the FSMN conv's four formulations;
+# STEPS=load-servers,verify-pf (say) runs only those (and the setup and export they need), for a second call
+# on a fresh machine; each step bounded by its cap and by what is left of the lease; steps.tsv records each
+# one's limit, exit status and seconds; `python -m bench lease $OUT` prints the summary table at the end, and
+# every log goes into $OUT/logs.tar.gz. Rehearse it on a CPU:
 #   SIZE=tiny DEVICE=cpu OUT=/tmp/lease-rehearsal bash bench/gpu_check.sh lease
 #
 # Each step exports the model first if /tmp/sv_full is missing (3-4 min), and writes its logs to $OUT
@@ -80,16 +81,18 @@ lease() {  # the `lease` mode: see the top of this file
     rm -rf "$MODEL"
     run_step export 150 export.txt "$PY" -m export sensevoice --random-init "$SIZE" --precision fp16 --out "$MODEL"
   fi
-  # 1. the ladder under load, planned from the table the server measures after its warm-up and writes to
-  #    costs.json (time per call, build seconds and GPU memory per shape): one warm-up pays for both, where a
-  #    separate `bench model` table paid a second one (12-14 s a session on CUDA, docs/benchmarks.md)
-  run_step load 330 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
-    --no-cuda-graph --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
-    --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 150 \
-    --keep-going --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
-  # 2. the ladder with CUDA graphs and a batch of 64: the second lease found a call's 19-32 ms set by the
-  #    graph's node launches, not its arithmetic (docs/benchmarks.md), which one replayed graph per shape
-  #    saves, and 16 rows cost about as much as 1, so fewer, fuller calls serve more streams
+  # 1. the other families' CUDA path, on tiny fp16 exports made before the lease (lease-prepare): first, being
+  #    cheap, and Paraformer's with verify's fp16 rule for a moved CIF fire, never run on a GPU
+  [ -f "$pf/manifest.json" ] || run_step export-pf 60 export-pf.txt "$PY" -m export paraformer --random-init tiny \
+    --precision fp16 --out "$pf"
+  run_step verify-pf 45 verify-paraformer.txt "$PY" -m export verify "$pf" --device "$DEVICE"
+  [ -f "$qw/manifest.json" ] || run_step export-qw 60 export-qw.txt "$PY" -m export qwen3-asr --random-init tiny \
+    --container 8 --precision fp16 --out "$qw"
+  run_step verify-qw 45 verify-qwen3.txt "$PY" -m export verify "$qw" --device "$DEVICE" --lengths 2,5,7.5
+  # 2. the ladder with CUDA graphs (SenseVoice's default since stop 47) and a batch of 64, planned from the
+  #    table the server measures after its warm-up and writes to costs-graph.json (time per call, build
+  #    seconds and GPU memory per shape: one warm-up pays for both): the second lease found a call's 19-32 ms
+  #    set by the graph's node launches, which one replayed graph per shape saves (docs/benchmarks.md)
   run_step load-graph 200 load-graph.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
     --containers "$ladder" --batch-sizes "${GRAPH_BATCHES:-1,4,16,64}" --cuda-graph --measure-costs \
     --cost-table "$OUT/costs-graph.json" \
@@ -108,13 +111,11 @@ lease() {  # the `lease` mode: see the top of this file
   run_step segment30 60 segment30.txt "$PY" -m bench -v model "$MODEL" --device "$DEVICE" --precision fp16 \
     --skip exact,fixed --containers 30 --batch-sizes 1 --lengths 30 --repeats 20 --warmup 3 \
     --profile "$OUT/profile" --save "$OUT/segment30.json"
-  # 5. the other families' CUDA path, on tiny fp16 exports made before the lease (lease-prepare)
-  [ -f "$pf/manifest.json" ] || run_step export-pf 60 export-pf.txt "$PY" -m export paraformer --random-init tiny \
-    --precision fp16 --out "$pf"
-  run_step verify-pf 45 verify-paraformer.txt "$PY" -m export verify "$pf" --device "$DEVICE"
-  [ -f "$qw/manifest.json" ] || run_step export-qw 60 export-qw.txt "$PY" -m export qwen3-asr --random-init tiny \
-    --container 8 --precision fp16 --out "$qw"
-  run_step verify-qw 45 verify-qwen3.txt "$PY" -m export verify "$qw" --device "$DEVICE" --lengths 2,5,7.5
+  # 5. the ladder without CUDA graphs (--no-cuda-graph), its table in costs.json
+  run_step load 330 load.txt "$PY" -m bench load --model "$MODEL" --device "$DEVICE" --precision fp16 \
+    --no-cuda-graph --containers "$ladder" --batch-sizes "$batches" --measure-costs --cost-table "$OUT/costs.json" \
+    --server-log-level info --streams "$streams" --seconds "$seconds" --target 0.5 --max-time 150 \
+    --keep-going --final-timeout 30 --server-log "$OUT/server.txt" --save "$OUT/load.json"
   # 6. why a CUDA session's first run is slow: the FSMN block's depthwise conv written four ways
   run_step fsmn 90 fsmn.txt "$PY" -m bench fsmn --device "$DEVICE" --save "$OUT/fsmn.json"
   echo "lease: $(($(date +%s) - began)) s of ${LEASE_SECONDS:-570}" | tee -a "$OUT/steps.txt"
