@@ -74,7 +74,7 @@ lease() {  # the `lease` mode: see the top of this file
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
   # 0. the GPU-only tests (skipped where CI runs): exactness, in-graph decoding, and CUDA graphs, SenseVoice's
   #    default on CUDA since stop 47 but never run by default on a GPU; the tiny export they need is made
-  #    here when the lease tree left out the committed ones (about 15 s)
+  #    here when the lease tree left out the committed ones (34 s on the 2-core Zen 3)
   run_step cuda-tests 120 cuda-tests.txt "$PY" -m pytest -q -p no:cacheprovider -p no:asyncio -rs \
     tests/pipeline/test_cuda.py
   if [ ! -f "$MODEL/manifest.json" ]; then  # fp16 only: one graph traced, no fp32 (export/onnx_export.py)

@@ -13,7 +13,7 @@
                     (pipeline/shapes.py): each clip at its own length, only the largest container warmed
         warm-up     each session runs once with exactly its shape before the engine is ready
         CUDA graphs SenseVoice's sessions on CUDA capture theirs in the warm-up and replay it (unless told
-                    not to; engine_options.cuda_graph_by_default), plain runs where the capture fails
+                    not to; engine_options.replays_cuda_graphs), plain runs where the capture fails
     engine.infer([Clip], topk=False, full=False) -> [ClipOutput]   clips grouped by container, packed
                 into the grid's batches; a clip's output does not depend on its batch-mates
     engine.transcribe_many([Clip], offsets) -> [Transcript];  engine.transcribe(audio, ...) -> Transcript
@@ -53,7 +53,7 @@ from . import recovery
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords
 from .engine_options import (INT8_DRIFT_WARNING, PRECISION_CHOICES, EngineOptions, EngineStats, choose_precision,
-                             cuda_graph_by_default, default_containers, int8_drifts, one_session_per_graph,
+                             default_containers, int8_drifts, one_session_per_graph, replays_cuda_graphs,
                              shape_plan)
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES, read_model_directory
 from .paraformer_decoding import ParaformerOutput, decode_paraformer
@@ -86,7 +86,7 @@ class Engine:
         # Bytes in use on the device, read around each session's creation and warm-up (bench: nvidia-smi).
         self.memory_probe: Callable[[], int | None] | None = None
         self.device: str | None = None
-        self.cuda_graph = False  # whether the sessions replay CUDA graphs (engine_options.cuda_graph_by_default)
+        self.cuda_graph = False  # whether the sessions replay CUDA graphs (engine_options.replays_cuda_graphs)
         self.provider: str | None = None
         self.precision: str | None = None
         self.policy: ShapePolicy | None = None
@@ -138,7 +138,7 @@ class Engine:
         path = self.model.onnx_path(precision)  # ModelLoadError when that precision was not exported
         if precision == "fp16" and device == "cpu":
             log.warning("fp16 graph on the CPU provider: many operators lack fp16 CPU kernels (slow)")
-        self.cuda_graph = graphs and cuda_graph_by_default(self.options, device, self.model.manifest.architecture)
+        self.cuda_graph = graphs and replays_cuda_graphs(self.options, device, self.model.manifest.architecture)
         config = provider_config(device, self.options.device_id, self.cuda_graph,
                                  self.options.allow_tf32, self.options.dml_performance_preference,
                                  cpu_spin_us=self.options.cpu_spin_us)

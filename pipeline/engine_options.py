@@ -21,7 +21,7 @@ class EngineOptions:
     threads: int = 0  # intra_op_num_threads; 0: ONNX Runtime's default (one per physical core)
     device_id: int | None = None  # GPU / DirectML adapter index; None: CUDA 0, DirectML by preference
     cuda_graph: bool | None = None  # CUDA only: capture each session's graph once and replay it (IO binding);
-                                    # None: cuda_graph_by_default
+                                    # None: as replays_cuda_graphs decides
     allow_tf32: bool = False  # CUDA only: TF32 matmuls (faster, but fp32 is then no longer exact)
     dml_performance_preference: str = "high_performance"
     # One copy of the weights for all CPU sessions (a Paraformer: one prepacked session per graph; without,
@@ -117,7 +117,7 @@ def default_token_containers(device: str) -> tuple[int, ...]:
     return DEFAULT_CPU_TOKEN_CONTAINERS if device == "cpu" else DEFAULT_TOKEN_CONTAINERS
 
 
-def cuda_graph_by_default(options: EngineOptions, device: str, architecture: str) -> bool:
+def replays_cuda_graphs(options: EngineOptions, device: str, architecture: str) -> bool:
     """Whether the sessions capture and replay CUDA graphs: as asked, else on for a CTC model (SenseVoice) on
     CUDA. Measured on an H100 (docs/benchmarks.md, the third lease): a call 8-11 ms at batch 1 instead of
     19-22 ms, its time being the graph's node launches, and 400 streams within p95 0.5 s instead of 256, with

@@ -16,7 +16,7 @@ import pytest
 from pipeline.audio import SAMPLE_RATE, seconds_to_samples
 from pipeline.decoding import Transcript
 from pipeline.engine import Engine, EngineOptions, choose_precision
-from pipeline.engine_options import cuda_graph_by_default
+from pipeline.engine_options import replays_cuda_graphs
 from pipeline.errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from pipeline.shapes import DEFAULT_CPU_CONTAINERS
 from pipeline.providers import (
@@ -58,12 +58,12 @@ def test_cuda_graphs_by_default_only_where_they_were_measured():
     """Replayed CUDA graphs by default for SenseVoice on CUDA (measured: docs/benchmarks.md, the third lease);
     plain for the families never replayed on a GPU and on every other provider; as asked, where asked."""
     auto = EngineOptions()
-    assert cuda_graph_by_default(auto, "cuda", "sensevoice")
-    assert not any(cuda_graph_by_default(auto, "cuda", family) for family in ("paraformer", "qwen3-asr"))
-    assert not any(cuda_graph_by_default(auto, device, "sensevoice") for device in ("cpu", "directml"))
-    assert not cuda_graph_by_default(EngineOptions(cuda_graph=False), "cuda", "sensevoice")
-    assert cuda_graph_by_default(EngineOptions(cuda_graph=True), "cuda", "paraformer")
-    assert not cuda_graph_by_default(EngineOptions(cuda_graph=True), "cpu", "sensevoice")
+    assert replays_cuda_graphs(auto, "cuda", "sensevoice")
+    assert not any(replays_cuda_graphs(auto, "cuda", family) for family in ("paraformer", "qwen3-asr"))
+    assert not any(replays_cuda_graphs(auto, device, "sensevoice") for device in ("cpu", "directml"))
+    assert not replays_cuda_graphs(EngineOptions(cuda_graph=False), "cuda", "sensevoice")
+    assert replays_cuda_graphs(EngineOptions(cuda_graph=True), "cuda", "paraformer")
+    assert not replays_cuda_graphs(EngineOptions(cuda_graph=True), "cpu", "sensevoice")
 
 
 def test_cpu_engine_replays_no_cuda_graph(tiny_model_dir):

@@ -288,7 +288,7 @@ def test_cli_share_weights_reaches_the_engine(flags, shared, test_model_dir):
 
 @pytest.mark.parametrize("flags, graphs", [([], None), (["--cuda-graph"], True), (["--no-cuda-graph"], False)])
 def test_cli_cuda_graph_reaches_the_engine(flags, graphs, test_model_dir):
-    """Unsaid, the engine decides (engine_options.cuda_graph_by_default: SenseVoice on CUDA replays)."""
+    """Unsaid, the engine decides (engine_options.replays_cuda_graphs: SenseVoice on CUDA replays)."""
     from server.cli import build_parser, config_from_args
     from server.server import engine_options
 
