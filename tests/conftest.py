@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,11 @@ import soundfile
 from pipeline.audio import SAMPLE_RATE
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# Before any test imports torch (its OpenMP reads this once), and inherited by every process a test starts: the
+# suite's three processes share two cores, and OpenMP's threads spin while they wait for work, taking the core
+# from the other processes (a few bf16 training steps: 3.5 s alone, 37 s in the suite; 6.5 s passive). Training
+# sets the same itself (export/train_demo.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,6 @@ def demo_speech() -> Speech:
 # when it exists, else the tiny graph of tests/fixtures/tiny_graph.py (real ONNX Runtime, garbage text,
 # real segmentation and protocol behaviour).
 
-import os  # noqa: E402
 import shutil  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -151,6 +156,12 @@ def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     `python -m export qwen3-asr --random-init tiny` writes it: export, verify and serving tests share it. Its
     words are noise (a random decoder repeats one token), the graphs are the real ones."""
     return exported_once(tmp_path_factory, "qwen3-tiny")
+
+
+@pytest.fixture(scope="session")
+def qwen3_external_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model written as a full-size export is, every graph's weights in "<graph>.data" files."""
+    return exported_once(tmp_path_factory, "qwen3-tiny-external")
 
 
 @pytest.fixture(scope="session")

@@ -46,39 +46,27 @@ def weight_names(path: Path) -> set[str]:
     return {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}
 
 
-@pytest.fixture(scope="module")
-def external_export(tmp_path_factory):
-    """The tiny model exported as a full-size one is: every graph's weights in "<graph>.data"; and the model,
-    which write() spent."""
-    model = random_model("tiny", DEFAULT_SEED)
-    out = tmp_path_factory.mktemp("lean") / "qwen3-tiny-external"
-    return write(model, synthetic_tokens(model.dims), out, PRECISIONS, "qwen3-tiny-external", {"kind": "random-init"},
-                 CONTAINER, MAX_NEW_TOKENS, external_data=True), model
-
-
-@pytest.fixture(scope="module")
-def external_dir(external_export) -> Path:
-    return external_export[0]
-
-
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_external_weights_decode_as_inline_ones(qwen3_model_dir, external_dir, precision):
+def test_external_weights_decode_as_inline_ones(qwen3_model_dir, qwen3_external_model_dir, precision):
     for graph, file in GRAPH_FILES[precision].items():
-        data = external_data_file(external_dir / file)
+        data = external_data_file(qwen3_external_model_dir / file)
         assert data.stat().st_size > 0 and data.stat().st_mode & 0o044 == 0o044  # readable by a service
         assert not external_data_file(qwen3_model_dir / file).exists()
         if graph != ENCODER:  # named by content either way: the same weights, the same names
-            assert weight_names(external_dir / file) == weight_names(qwen3_model_dir / file)
-    assert_same_decoding(decoded(external_dir, precision), decoded(qwen3_model_dir, precision))
+            assert weight_names(qwen3_external_model_dir / file) == weight_names(qwen3_model_dir / file)
+    assert_same_decoding(decoded(qwen3_external_model_dir, precision), decoded(qwen3_model_dir, precision))
 
 
-def test_the_export_frees_the_model(external_export):
+def test_the_export_frees_the_model(tmp_path):
     """write() spends the model: its weights are gone once the graphs are written (the export's peak is
-    the model once, not the model plus the quantiser's work). (That an int8-only export keeps none of the
-    fp32 graphs it was quantised from: test_qwen3_checkpoint.py's pull.)"""
-    out, model = external_export
+    the model once, not the model plus the quantiser's work). fp32 alone, the cheapest export that shows it.
+    (That an int8-only export keeps none of the fp32 graphs it was quantised from: test_qwen3_checkpoint.py's
+    pull.)"""
+    model = random_model("tiny", DEFAULT_SEED)
+    out = write(model, synthetic_tokens(model.dims), tmp_path / "qwen3-tiny-external", ("fp32",),
+                "qwen3-tiny-external", {"kind": "random-init"}, CONTAINER, MAX_NEW_TOKENS, external_data=True)
     assert all(p.is_meta for p in model.parameters())
-    graphs = [file for precision in PRECISIONS for file in GRAPH_FILES[precision].values()]
+    graphs = list(GRAPH_FILES["fp32"].values())
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["manifest.json", "tokens.txt", *graphs, *(external_data_file(out / g).name for g in graphs)])
 
@@ -117,15 +105,16 @@ def test_streaming_int8_is_onnxruntimes_quantize_dynamic(qwen3_model_dir, tmp_pa
         assert_same_decoding(decoded(copies["streaming"], "int8", seconds), decoded(copies["onnxruntime"], "int8", seconds))
 
 
-def test_renaming_keeps_an_external_graph_whole(external_dir, tmp_path):
+def test_renaming_keeps_an_external_graph_whole(qwen3_external_model_dir, tmp_path):
     """Renaming again (names already by content) changes nothing: same names, the same bytes of weights."""
+    external = qwen3_external_model_dir
     for graph in (PREFILL, STEP):
         path = tmp_path / GRAPH_FILES["fp32"][graph]
-        shutil.copy(external_dir / path.name, path)
-        shutil.copy(external_data_file(external_dir / path.name), external_data_file(path))
+        shutil.copy(external / path.name, path)
+        shutil.copy(external_data_file(external / path.name), external_data_file(path))
         before = read_initializers(path, min_bytes=0)
         rename_weights_by_content(path, CONTENT_NAME_PREFIX)
         after = read_initializers(path, min_bytes=0)
         assert sorted(before) == sorted(after) and all(np.array_equal(before[n], after[n]) for n in before)
-        assert external_data_file(path).read_bytes() == external_data_file(external_dir / path.name).read_bytes()
+        assert external_data_file(path).read_bytes() == external_data_file(external / path.name).read_bytes()
         assert not list(tmp_path.glob("*.partial"))
