@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,qwen3-asr,verify,add-decoding,train-demo,eval,eval-hotwords} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,qwen3-asr,verify,reexport,add-decoding,train-demo,eval,eval-hotwords} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,7 @@ COMMANDS = {
     "paraformer": (".paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
     "qwen3-asr": (".qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
     "verify": (".verify", "check padding invariance, operators and static shapes of a model directory"),
+    "reexport": (".reexport", "export a SenseVoice model directory again with today's exporter, its weights read from its fp32 graph"),
     "add-decoding": (".decoding_outputs", "add in-graph greedy and top-k outputs to an existing model directory"),
     "train-demo": (".train_demo", "train and export the shipped demo model on synthetic speech"),
     "eval": (".evaluate", "WER and sentence accuracy of a model directory on a held-out set"),

@@ -19,6 +19,7 @@ from pipeline.modeldir import (DECODER_FREE_DIMENSIONS, DECODER_ONNX_FILES, FREE
                                write_model_directory)
 
 from .decoding_outputs import DEFAULT_TOP_K, add_decoding_to_file
+from .graph_rules import refuse_hazards
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +27,10 @@ OPSET = 18  # DirectML runs opset <= 20; 18 is the newest the exporter and every
 EXPORT_SAMPLES = 5 * SAMPLE_RATE  # example length for tracing; the samples axis stays free
 MAX_EXPORT_SAMPLES = 600 * SAMPLE_RATE
 EXTERNAL_DATA_BYTES = 1_800_000_000  # weights past this go to "<graph>.data" (protobuf stops at 2 GB)
-# Operators that defeat fixed-shape serving: control flow, value-dependent shapes, recurrent kernels.
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the torch exporter's record of the module path of each node
 # Never quantised, whatever the recipe: the in-graph frontend's DFT and mel products (models/frontend.py)
 # see int16-scaled samples and power spectra up to 1e13, where 256 levels would erase the quiet bins.
 ALWAYS_FLOAT = ("frontend",)
-FORBIDDEN_OPS = frozenset({"Loop", "If", "Scan", "NonZero", "LSTM", "GRU", "RNN", "Unique", "NonMaxSuppression"})
 
 
 def export_onnx(model, path: Path, opset: int = OPSET) -> None:
@@ -171,10 +170,6 @@ def op_histogram(path: Path) -> dict[str, int]:
     return dict(sorted(Counter(node.op_type for node in model.graph.node).items()))
 
 
-def forbidden_ops(histogram: dict[str, int]) -> list[str]:
-    return sorted(op for op in histogram if op in FORBIDDEN_OPS)
-
-
 def non_static_shapes(path: Path, samples: int, overrides: dict[str, int] | None = None) -> list[str]:
     """Tensors whose shape is still not fully known once batch=1 and samples=`samples` are fixed (or the
     free dimensions named in `overrides`, for graphs with other free axes: a Paraformer decoder's batch,
@@ -285,7 +280,8 @@ def write_model_dir(
 def write_graphs_atomically(out: Path, build, manifest: ModelManifest, tokens: list[str], overwrite: bool = False) -> Path:
     """Create the model directory `out` atomically: `build(tmp)` writes the graphs into a temporary sibling
     directory (and may return the final manifest), manifest.json and tokens.txt follow, and the directory is
-    renamed into place at the end, so a failure or interruption leaves no half-written directory."""
+    renamed into place at the end, so a failure or interruption leaves no half-written directory. A graph
+    that breaks the seeds' rules (export/graph_rules.py) raises GraphRuleError and nothing is written."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (choose another --out or remove it)")
@@ -296,6 +292,8 @@ def write_graphs_atomically(out: Path, build, manifest: ModelManifest, tokens: l
         raise OSError(f"cannot create {out}: {exc.strerror or exc}") from None
     try:
         manifest = build(tmp) or manifest
+        for graph in sorted(tmp.glob("*.onnx")):  # no graph that breaks the seeds' rules is ever written
+            refuse_hazards(graph)
         write_model_directory(tmp, manifest, tokens)
         os.chmod(tmp, 0o755)
         if out.exists():

@@ -67,7 +67,8 @@ from pipeline.modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, OUTPUT_NAM
 from pipeline.providers import provider_config
 
 from .agreement import AgreementBound, ClipOutput, add_agreement, agreement_line, read_clips
-from .onnx_export import deterministic_waveform, forbidden_ops, non_static_shapes, op_histogram
+from .graph_rules import rules_entry
+from .onnx_export import deterministic_waveform, non_static_shapes, op_histogram
 from .sensevoice import user_path
 
 MAX_SCALED_ERR = 1e-5  # absolute for |log-prob| <= 1, relative beyond; the floor of the depth-scaled bound
@@ -186,7 +187,7 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
             entry = stages.graph_checks(container_samples)
         else:
             histogram = op_histogram(path)
-            entry = {"ops": histogram, "forbidden_ops": forbidden_ops(histogram),
+            entry = {"ops": histogram, **rules_entry({"model": path}),
                      "non_static_shapes": non_static_shapes(path, container_samples)[:20], "lengths": {}}
             padded_session = make_session(path, container_samples, device)
             alone_session = make_session(path, None, device)
@@ -294,7 +295,7 @@ def _passed(precision: str, entry: dict, blocks: int = 0, device: str = "cpu") -
         # bit-identical on the CPU, where one session serves every token container; on a GPU each token
         # container is its own session with its own kernels (CUDA, H100: within 1.2e-6 of each other)
         and (precision != "int8" or device != "cpu" or all(r.get("token_containers_identical", True) for r in results))
-        and not entry["forbidden_ops"] and not entry["non_static_shapes"]
+        and not entry["hazards"] and not entry["non_static_shapes"]
     )
 
 
@@ -349,8 +350,8 @@ def run(args: argparse.Namespace) -> int:
                      f"{r['token_containers_identical']}" if "token_containers" in r else ""))
         if entry.get("agreement"):
             print(f"[{precision}] {agreement_line(entry['agreement'])}")
-        if entry["forbidden_ops"]:
-            print(f"[{precision}] FORBIDDEN operators for fixed-shape serving: {', '.join(entry['forbidden_ops'])}")
+        for hazard in entry["hazards"]:  # export/graph_rules.py: what DirectML cannot serve at fixed shapes
+            print(f"[{precision}] REFUSED {hazard}")
         if entry["non_static_shapes"]:
             print(f"[{precision}] shapes still dynamic with the container fixed: {entry['non_static_shapes'][:5]}")
     print("PASSED" if report["passed"] else "FAILED")

@@ -19,7 +19,8 @@ from pipeline.modeldir import DECODER_FREE_DIMENSIONS, PARAFORMER_ENCODER_OUTPUT
 from pipeline.paraformer_stages import DecoderGrid, decoder_feed
 from pipeline.shapes import token_containers
 
-from .onnx_export import forbidden_ops, non_static_shapes, op_histogram
+from .graph_rules import rules_entry
+from .onnx_export import non_static_shapes, op_histogram
 from .agreement import AgreementBound, ClipOutput
 from .verify import FP16_MAX_SCALED_ERR, errors, make_session
 
@@ -51,13 +52,13 @@ class Stages:
         return dict(zip(DECODER_FREE_DIMENSIONS, (1, self.frames, tokens)))
 
     def graph_checks(self, container_samples: int) -> dict:
-        """Operators of both graphs, forbidden ones, and shapes left free once each session's are fixed."""
+        """Operators of both graphs, the seeds' rules over them, and shapes left free once each session's are fixed."""
         histograms = self.histograms
         shapes = non_static_shapes(self.paths[0], container_samples)
         for k in self.token_containers:
             shapes += [f"decoder[{k}] {s}" for s in non_static_shapes(self.paths[1], 0, self.overrides(k))]
         return {"ops": histograms[0], "decoder_ops": histograms[1],
-                "forbidden_ops": sorted(set(forbidden_ops(histograms[0]) + forbidden_ops(histograms[1]))),
+                **rules_entry({"encoder": self.paths[0], "decoder": self.paths[1]}),
                 "non_static_shapes": shapes[:20], "token_containers": list(self.token_containers), "lengths": {}}
 
     def alone(self, audio: np.ndarray):

@@ -28,7 +28,8 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelDirectory
 from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_length, window_geometry
 
-from .onnx_export import forbidden_ops, non_static_shapes, op_histogram
+from .graph_rules import rules_entry
+from .onnx_export import non_static_shapes, op_histogram
 from .agreement import AgreementBound, ClipOutput, add_agreement, read_clips
 from .verify import TIE_MARGIN, _passed, errors, make_session, model_blocks, test_clips
 
@@ -112,7 +113,8 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
             for op, count in op_histogram(path).items():
                 histogram[op] = histogram.get(op, 0) + count
             static_problems += [f"{graph}: {p}" for p in non_static_shapes(path, 0, served_overrides[graph])]
-        entry: dict = {"ops": dict(sorted(histogram.items())), "forbidden_ops": forbidden_ops(histogram),
+        entry: dict = {"ops": dict(sorted(histogram.items())),
+                       **rules_entry({graph: directory.path / manifest.graphs[precision][graph] for graph in GRAPHS}),
                        "non_static_shapes": static_problems[:20], "lengths": {}}
         for label, audio in test_clips(lengths).items():
             padded, padded_embeds = padded_results[label]

@@ -4,6 +4,7 @@ Everything the released model's Python frontend does outside its graph happens h
 exported ONNX graph takes raw audio. Each stage is written so that padding after the valid samples
 cannot change a valid output value:
 - samples past `audio_lengths` are zeroed before anything reads them;
+- frames are gathered from cumsum-built sample indices, never Tensor.unfold (it exports a Range: issue 60);
 - the Kaldi frame pipeline (DC removal, pre-emphasis, Hamming window, 512-point DFT) is linear in a
   frame's 400 samples, so it is one matrix: a frame reads only its own samples. Frames are rows
   ([frames, 400] @ [400, 514], then the mel banks the same way), each product in slices of at most
@@ -129,6 +130,7 @@ class Frontend(nn.Module):
         # Non-persistent: the state_dict stays exactly FunASR's; these are derived or set from am.mvn.
         self.register_buffer("frame_kernel", torch.tensor(frame_kernel().T, dtype=torch.float32), False)  # [400, 514]
         self.register_buffer("mel_kernel", torch.tensor(mel_banks().T, dtype=torch.float32), False)  # [257, 80]
+        self.register_buffer("frame_offsets", torch.arange(FBANK_WINDOW), False)  # a constant in the graph
         self.register_buffer("lfr_offsets", torch.arange(LFR_WINDOW) - (LFR_WINDOW - 1) // 2, False)
         self.register_buffer("cmvn_shift", torch.zeros(FEATURE_SIZE), False)
         self.register_buffer("cmvn_scale", torch.ones(FEATURE_SIZE), False)
@@ -141,7 +143,7 @@ class Frontend(nn.Module):
         """Kaldi log-mel fbank: ([B, T, 80], frame_lengths int64 [B])."""
         positions = torch.ones_like(audio, dtype=torch.int64).cumsum(-1)
         sample_mask = (positions <= audio_lengths.to(torch.int64)[:, None]).to(audio.dtype)
-        frames = (audio * PCM_SCALE * sample_mask).unfold(1, FBANK_WINDOW, FBANK_SHIFT)  # [B, T, 400]
+        frames = frame_rows(audio * PCM_SCALE * sample_mask, self.frame_offsets)  # [B, T, 400]
         spectrum = sliced_matmul(frames, self.frame_kernel)  # [B, T, 514]
         power = (spectrum * spectrum).unflatten(2, (2, FBANK_FFT // 2 + 1)).sum(2)  # [B, T, 257]
         mel = sliced_matmul(power, self.mel_kernel)  # [B, T, 80]
@@ -171,6 +173,17 @@ class Frontend(nn.Module):
         stacked, lengths, row_mask = self.lfr(frames, frame_lengths)
         features = (stacked + self.cmvn_shift) * self.cmvn_scale * row_mask
         return features, lengths
+
+
+def frame_rows(samples: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """samples [B, N] -> frames [B, T, FBANK_WINDOW] every FBANK_SHIFT samples, T = 1 + (N - 400) // 160: what
+    Tensor.unfold returns, as a gather. unfold exports a Range (arange), which DirectML's Reshape fails on (seeds
+    001 4.1 and 003; export/graph_rules.py); here the frame starts are a cumsum over one sample per frame (the
+    strided slice's length is T) and `offsets` ([400] int64, 0..399) is a constant of the graph."""
+    one_per_frame = samples[0, : samples.shape[1] - (FBANK_WINDOW - 1) : FBANK_SHIFT]  # [T]; only its shape is used
+    starts = (torch.ones_like(one_per_frame, dtype=torch.int64).cumsum(0) - 1) * FBANK_SHIFT
+    index = (starts[:, None] + offsets[None, :]).flatten()  # [T * 400]
+    return samples.index_select(1, index).unflatten(1, (-1, FBANK_WINDOW))
 
 
 def sliced_matmul(rows: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
