@@ -44,10 +44,10 @@ KEY = "bench"
 
 async def funasr_text(port: int, audio: list[np.ndarray], mode: str, pace: float) -> str:
     """Each recording on a connection of its own, as funasr_wss_client.py sends one file; the final
-    results' texts joined (server.funasr_protocol.join_texts: FunASR's spacing)."""
+    results' texts joined (pipeline.transcript.join_texts: FunASR's spacing)."""
     import websockets
 
-    from server.funasr_protocol import join_texts
+    from pipeline.transcript import join_texts
 
     texts: list[str] = []
     for n, recording in enumerate(audio):

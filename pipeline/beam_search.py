@@ -1,7 +1,7 @@
 """CTC prefix beam search with hotword biasing (pipeline/hotwords.py), over each frame's top-k tokens.
 
     top_k(logprobs [T, V], length, k)            -> (ids int32 [T, k], logprobs float32 [T, k]), on the host
-    beam_search(ids, logprobs, length, tokens, graph, beam, ...)   -> pipeline.decoding.Transcript
+    beam_search(ids, logprobs, length, tokens, graph, beam, ...)   -> pipeline.transcript.Transcript
 
 Each hypothesis is a prefix (the tokens emitted so far) with the log-probability of all its alignments that
 end in a blank (pb) and in its last token (pnb), plus its hotword state; it ranks by logaddexp(pb, pnb)
@@ -27,7 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from .audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
-from .decoding import Transcript, transcript_from_runs
+from .decoding import transcript_from_runs
+from .transcript import Transcript
 from .hotwords import ContextGraph, ContextState
 
 DEFAULT_BEAM = 4

@@ -48,7 +48,8 @@ from .audio import samples_to_seconds
 from .batching import (CALL_OVERHEAD_ROWS, Clip, ClipOutput, Run, choose_batch_sizes, output_names, pack, plan_batches,
                        planned_run, unpack)
 from .beam_search import DEFAULT_BEAM, beam_search
-from .decoding import Transcript, decode_ids
+from .decoding import decode_ids
+from .transcript import Transcript
 from . import recovery
 from .errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError, quoted
 from .hotwords import ContextGraph, Hotword, Speller, check_model_takes_hotwords

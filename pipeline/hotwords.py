@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .decoding import SPECIAL_TOKENS, WORD_START, is_cjk
+from .decoding import SPECIAL_TOKENS, WORD_START
+from .transcript import is_cjk
 from .errors import ProtocolError, quoted
 from .json_text import finite_number, loads_shallow
 from .modeldir import ModelDirectory

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from .audio import SAMPLE_RATE
-from .decoding import Transcript
+from .transcript import Transcript
 from .engine_options import EngineOptions
 from .errors import ModelLoadError
 from .modeldir import ModelDirectory

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Collection, Sequence
 
-from .decoding import Transcript
+from .transcript import Transcript
 from .qwen3_bpe import byte_decoder
 
 ASR_TEXT_TAG = "<asr_text>"

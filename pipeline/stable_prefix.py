@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from .decoding import aligned_length, is_cjk
+from .transcript import aligned_length, is_cjk
 
 AGREEMENT = 2  # consecutive partials that must agree on a word before it is committed
 HOLDBACK = 1  # words at the end of the newest partial that are never committed from a partial

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
-from .decoding import TokenTiming
+from .transcript import TokenTiming
 
 MAX_CUE_SECONDS = 7.0  # a reading-speed rule of thumb for subtitles
 MAX_CUE_CHARS = 84  # two lines of 42 characters

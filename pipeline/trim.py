@@ -41,7 +41,7 @@ from typing import TypeVar
 import numpy as np
 
 from .audio import SAMPLE_RATE
-from .decoding import TokenTiming
+from .transcript import TokenTiming
 from .segmenter import FRAME_SECONDS, PartialDue, SegmentFinished, Segmenter, SegmenterOptions
 
 Cut = TypeVar("Cut", SegmentFinished, PartialDue)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
-from pipeline.decoding import is_cjk
+from pipeline.transcript import is_cjk, join_texts
 from pipeline.errors import ProtocolError
 from pipeline.stable_prefix import StablePrefix
 
@@ -202,15 +202,6 @@ def tagged_text(result: SegmentResult, config: FunasrConfig) -> str:
         return result.text
     tags = "".join(f"<|{tag}|>" for tag in (result.language, result.emotion, result.event) if tag)
     return f"{tags}<|{'withitn' if config.use_itn else 'woitn'}|>{result.text}"
-
-
-def join_texts(texts: Sequence[str]) -> str:
-    """Segments' texts as one: a space between them, none after a CJK character (FunASR's Chinese output)."""
-    out = ""
-    for text in texts:
-        if text:
-            out += ("" if not out or is_cjk(out[-1]) else " ") + text
-    return out
 
 
 def timestamp_string(words: Sequence[Word]) -> str:

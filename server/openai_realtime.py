@@ -36,7 +36,7 @@ from pipeline.stable_prefix import StablePrefix
 from pipeline.stream import StreamSession
 from pipeline.trim import segments_in
 
-from .funasr_protocol import join_texts
+from pipeline.transcript import join_texts
 from .protocol import CLOSE_GOING_AWAY
 from .realtime_events import (BETA_UPDATE, GA_UPDATE, EventError, SessionConfig, apply_update, error_event, event,
                               new_id, parse_event, segmenter_options, session_object)

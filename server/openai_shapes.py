@@ -17,7 +17,7 @@ import multipart
 from pipeline.errors import quoted
 from pipeline.subtitles import to_srt, to_vtt
 
-from .funasr_protocol import join_texts
+from pipeline.transcript import join_texts
 from .protocol import Final, TokenTime
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")

@@ -36,7 +36,7 @@ import numpy as np
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import Clip
 from pipeline.planner import CostTable, MeasuredCosts, PlannerOptions, Waiting, next_run, read_cost_tables
-from pipeline.decoding import after_context, before_cut, starting_at
+from pipeline.transcript import after_context, before_cut, starting_at
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 from pipeline.trim import Context, Said
 

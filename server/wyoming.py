@@ -34,7 +34,7 @@ from pipeline.errors import ProtocolError, UnipadError
 from pipeline.stream import StreamSession
 from pipeline.trim import Continuation
 
-from .funasr_protocol import join_texts
+from pipeline.transcript import join_texts
 from .model_info import NOT_LANGUAGES, spoken_languages
 from .protocol import CLOSE_GOING_AWAY, CLOSE_NORMAL
 from .streaming import StreamConnection

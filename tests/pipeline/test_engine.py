@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from pipeline.audio import SAMPLE_RATE, seconds_to_samples
-from pipeline.decoding import Transcript
+from pipeline.transcript import Transcript
 from pipeline.engine import Engine, EngineOptions, choose_precision
 from pipeline.engine_options import replays_cuda_graphs
 from pipeline.errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError

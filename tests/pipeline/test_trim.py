@@ -11,7 +11,7 @@ import pytest
 import soundfile
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.decoding import TokenTiming, Transcript, after_context, before_cut, starting_at
+from pipeline.transcript import TokenTiming, Transcript, after_context, before_cut, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
 from pipeline.decoding import transcript_from_runs
 from pipeline.segmenter import PartialDue

@@ -18,13 +18,13 @@ import soxr
 import websockets
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.transcript import join_texts
 from server.funasr_protocol import (
     FunasrConfig,
     ResultWriter,
     SegmentResult,
     Word,
     final_message,
-    join_texts,
     parse_control,
     tagged_text,
     timestamp_string,
