@@ -34,6 +34,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.batching import choose_batch_sizes
 from pipeline.engine import Engine, EngineOptions, default_containers
 from pipeline.errors import UnipadError
+from pipeline.families import SENSEVOICE, family_of
 from pipeline.modeldir import FREE_DIMENSIONS, read_model_directory
 from pipeline.providers import provider_config
 from pipeline.shapes import ShapePolicy, parse_containers
@@ -282,8 +283,8 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError("--repeats must be >= 1 and --warmup >= 0")
     directory = read_model_directory(args.model)  # ModelLoadError: missing or not ours
-    if directory.manifest.architecture != "sensevoice":
-        raise UnipadError(f"{args.model}: architecture {directory.manifest.architecture!r}, not sensevoice")
+    if family_of(directory.manifest) is not SENSEVOICE:
+        raise UnipadError(f"{args.model}: architecture {directory.manifest.architecture!r}, not {SENSEVOICE.architecture}")
     if args.peer is not None:
         from .peer import read_peer_info
 

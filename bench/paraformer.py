@@ -3,7 +3,7 @@ path) against FunASR's own export, interleaved so that the machine's load touche
 
   * ours   the engine as the server builds it (pipeline/engine.py): on the CPU each clip at its own length
            (open shapes, pipeline/shapes.py; --containers: a warmed ladder instead), then the decoder on
-           the CIF count (pipeline/paraformer_stages.py); fed clips of each --lengths, raw audio in, token
+           the CIF count (pipeline/families/paraformer/stages.py); fed clips of each --lengths, raw audio in, token
            ids and times out;
   * peer   with --peer DIR (bench/make_paraformer_peer.py: FunASR's own export and int8 recipe of the same
            weights) run by `funasr_onnx.Paraformer` itself, as its users run it (bench/funasr_onnx_peer.py,
@@ -28,6 +28,7 @@ import numpy as np
 from pipeline.batching import Clip
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import UnipadError
+from pipeline.families import PARAFORMER, family_of
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 
@@ -113,8 +114,8 @@ def interleaved(ours, peer, warmup: int, repeats: int) -> tuple[list[tuple[float
 
 def run(args: argparse.Namespace) -> int:
     directory = read_model_directory(args.model)
-    if directory.manifest.architecture != "paraformer":
-        raise UnipadError(f"{args.model}: architecture {directory.manifest.architecture!r}, not paraformer")
+    if family_of(directory.manifest) is not PARAFORMER:
+        raise UnipadError(f"{args.model}: architecture {directory.manifest.architecture!r}, not {PARAFORMER.architecture}")
     lengths = [float(s) for s in args.lengths.split(",")]
     result = {"machine": machine(), "command": command_line(), "model": directory.manifest.name,
               "dimensions": directory.manifest.dimensions, "precisions": {}}
@@ -130,7 +131,7 @@ def run_precision(args: argparse.Namespace, precision: str, lengths: list[float]
     engine = Engine(args.model, EngineOptions(device="cpu", precision=precision, containers=args.containers,
                                               threads=args.threads, cpu_spin_us=args.spin_us)).load()
     stats = engine.stats
-    part: dict = {"containers": list(engine.containers), "decoder_shapes": len(engine._decoder.sessions),
+    part: dict = {"containers": list(engine.containers), "decoder_shapes": len(engine.runtime.decoder.sessions),
                   "load_seconds": round(stats.load_seconds, 2),
                   "rss_mib": round(((stats.rss_after_load or 0) - (stats.rss_before_load or 0)) / 2**20, 1),
                   "ours": {}, "peer": {}, "ratio": {}, "ours_cpu": {}, "peer_cpu": {}, "ratio_cpu": {}, "tokens": {}}

@@ -70,7 +70,7 @@ def read_audio(path: str) -> np.ndarray:
 def decoded(output, tokens: list[str]) -> dict:
     """decode_paraformer's text, its words joined as FunASR joins them when it gives times, and the word
     times in ms (they are FunASR's int milliseconds / 1000)."""
-    from pipeline.paraformer_decoding import decode_paraformer
+    from pipeline.families.paraformer.decoding import decode_paraformer
 
     transcript = decode_paraformer(output, tokens)
     return {"text": transcript.text, "words": " ".join(w.text for w in transcript.words),
@@ -87,7 +87,7 @@ def funasr_side(size: str, seed: int, clips: list[str]) -> list[dict]:
     from bench.make_paraformer_peer import RELEASED_FRONTEND, funasr_model
     from export.paraformer import random_model
     from models.frontend import write_am_mvn
-    from pipeline.paraformer_decoding import ParaformerOutput
+    from pipeline.families.paraformer.decoding import ParaformerOutput
 
     torch.set_num_threads(2)
     ours, tokens = random_model(size, seed)

@@ -1,6 +1,6 @@
 """`python -m bench qwen3 DIR`: CPU figures of a Qwen3-ASR model directory at its serving shapes.
 
-The engine's own sessions (pipeline/qwen3_engine.py: the CPU's ladder of containers, or --containers;
+The engine's own sessions (pipeline/families/qwen3_asr/runtime.py: the CPU's ladder of containers, or --containers;
 prefill and step sharing one copy of the decoder's weights unless --no-share-weights), as served: the clip
 runs in the smallest container that holds it. Printed (one JSON object): encoder seconds per container,
 prefill seconds, milliseconds per decoded token, the whole utterance (encoder + prefill + tokens) for a
@@ -20,8 +20,8 @@ from dataclasses import replace
 
 from pipeline.modeldir import read_model_directory
 from pipeline.providers import provider_config
-from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Decoder
-from pipeline.qwen3_engine import CPU_CACHE_STEP, CPU_PROMPT_STEP, create_qwen3_sessions, qwen3_ladder
+from pipeline.families.qwen3_asr.decoding import ENCODER, PREFILL, STEP, Qwen3Decoder
+from pipeline.families.qwen3_asr.runtime import CPU_CACHE_STEP, CPU_PROMPT_STEP, create_qwen3_sessions, qwen3_ladder
 from pipeline.shapes import parse_containers
 
 from export.onnx_export import deterministic_waveform

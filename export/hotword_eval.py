@@ -77,8 +77,8 @@ def score(engine, items: list[EvalItem], graph, hotwords: tuple[str, ...]) -> di
 
 def time_segment(engine, items: list[EvalItem], graph, repeats: int) -> dict[str, float]:
     """Median seconds of each decoding stage for one 30 s segment of speech."""
-    from pipeline.beam_search import beam_search, top_k
-    from pipeline.decoding import decode_ctc
+    from pipeline.families.sensevoice.beam_search import beam_search, top_k
+    from pipeline.families.sensevoice.decoding import decode_ctc
 
     gap = np.zeros(int(0.2 * SAMPLE_RATE), np.float32)
     pieces, total = [], 0

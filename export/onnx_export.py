@@ -311,7 +311,7 @@ def _with_files(manifest: ModelManifest, files: dict[str, str], top_k: int, deco
 
 def tag_token_ids(tokens: list[str]) -> dict[str, list[int]]:
     """Group the `<|...|>` tokens by the role SenseVoice gives them."""
-    from pipeline.decoding import EMOTIONS, LANGUAGES, TEXTNORMS
+    from pipeline.families.sensevoice.decoding import EMOTIONS, LANGUAGES, TEXTNORMS
 
     groups: dict[str, list[int]] = {}
     for i, token in enumerate(tokens):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.audio import FBANK_SHIFT, FBANK_WINDOW, LFR_SHIFT, LFR_WINDOW, N_MELS, SAMPLE_RATE
+from pipeline.families import PARAFORMER
 from pipeline.modeldir import ModelManifest
 
 from .onnx_export import OPSET, Int8Recipe, write_model_dir
@@ -24,7 +26,8 @@ DEFAULT_SEED = 20261123
 SUPPORTED = {"model": "Paraformer", "encoder": "SANMEncoder", "predictor": "CifPredictorV2",
              "decoder": "ParaformerSANMDecoder"}
 # What the in-graph frontend computes (models/frontend.py); a config asking for anything else is refused.
-FRONTEND = {"fs": 16000, "window": "hamming", "n_mels": 80, "frame_length": 25, "frame_shift": 10, "lfr_m": 7, "lfr_n": 6}
+FRONTEND = {"fs": SAMPLE_RATE, "window": "hamming", "n_mels": N_MELS, "frame_length": FBANK_WINDOW * 1000 // SAMPLE_RATE,
+            "frame_shift": FBANK_SHIFT * 1000 // SAMPLE_RATE, "lfr_m": LFR_WINDOW, "lfr_n": LFR_SHIFT}  # ms, as config.yaml
 RELEASE = "ModelScope's iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch"
 # Paraformer's int8 recipe, after FunASR's own (funasr/utils/export_utils.py `_onnx`, quantize=True:
 # per-channel QUInt8 weights on MatMul, every node named "output" left float): per-channel weights, and the
@@ -197,7 +200,7 @@ def export_checkpoint(directory: Path, out: Path, precisions: tuple[str, ...], n
 def _write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name: str, source: dict,
            container: float, notice: str = "") -> Path:
     manifest = ModelManifest(
-        name=name, architecture="paraformer", notice=notice, dimensions=model.dims.to_dict(), files={},
+        name=name, architecture=PARAFORMER.architecture, notice=notice, dimensions=model.dims.to_dict(), files={},
         source=source, container_seconds=container, prompt_frames=0, languages={"auto": 0, "zh": 0, "en": 0}, tag_tokens={},
         opset=OPSET,
     )

@@ -13,7 +13,7 @@ ONNX graphs (a released checkpoint: export/qwen3_checkpoint.py).
                        stay float32; audio_embeds, keys, values and the caches are float16
     DIR/merges.txt     the tokenizer's merges, copied from a checkpoint that has them (to encode hotwords)
     DIR/manifest.json  architecture "qwen3-asr"; dimensions: models.qwen3_asr.Qwen3ASRDimensions plus
-                       "shapes" (pipeline/qwen3_decoding.py's Qwen3Shapes); graphs: precision -> graph -> file
+                       "shapes" (pipeline/families/qwen3_asr/decoding.py's Qwen3Shapes); graphs: precision -> graph -> file
 The free axes (windows, prompt, audio_tokens, cache) are fixed per session by the server, at the shapes
 of the manifest; verification also runs them at a clip's own size. The container is a whole number of
 attention windows (8 s for the released models), so the default 30 s becomes 32 s.
@@ -33,11 +33,12 @@ from torch import nn
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.catalog import QWEN3_ASR_0_6B
+from pipeline.families import QWEN3_ASR
+from pipeline.families.qwen3_asr.bpe import MERGES_FILE
+from pipeline.families.qwen3_asr.decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
+from pipeline.families.qwen3_asr.runtime import CONTENT_NAME_PREFIX
 from pipeline.modeldir import ModelManifest
-from pipeline.qwen3_bpe import MERGES_FILE
-from pipeline.qwen3_decoding import ENCODER, PREFILL, STEP, Qwen3Shapes
-from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
-from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
+from pipeline.families.qwen3_asr.text import ASR_TEXT_TAG, LANGUAGE_CODES
 
 from .graph_weights import quantize_int8_streaming, rename_weights_by_content
 from .onnx_export import OPSET, needs_external_data, write_graphs_atomically
@@ -47,7 +48,7 @@ from .sensevoice import RANDOM_INIT_NOTICE, parse_precisions, user_path
 DEFAULT_SEED = 20261124
 SYNTHETIC_LANGUAGE_IDS = 100  # random weights' "language" id; "<asr_text>" and the names follow it
 DEFAULT_MAX_NEW_TOKENS = 256
-# Prompt slots kept for a context (hotwords; pipeline/qwen3_context.py), so that a prompt with one keeps the
+# Prompt slots kept for a context (hotwords; pipeline/families/qwen3_asr/context.py), so that a prompt with one keeps the
 # fixed shape. On the CPU prefill runs over the prompt in use, so the room costs nothing without a context;
 # a GPU's prefill and cache always span it.
 DEFAULT_CONTEXT_TOKENS = 128
@@ -251,7 +252,7 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
     exported = {k: v for k, v in vars(shapes).items() if k not in ("cache_step", "prompt_step")}
     manifest_dims = dims.to_dict() | {"shapes": exported, "vocab_size": dims.text.vocab_size}
     manifest = ModelManifest(
-        name=name, architecture="qwen3-asr", dimensions=manifest_dims, source=source, notice=notice, opset=OPSET,
+        name=name, architecture=QWEN3_ASR.architecture, dimensions=manifest_dims, source=source, notice=notice, opset=OPSET,
         files={p: GRAPH_FILES[p][ENCODER] for p in precisions}, graphs={p: GRAPH_FILES[p] for p in precisions},
         container_seconds=shapes.container_samples / SAMPLE_RATE, prompt_frames=0,
         languages={code: i for i, code in enumerate(["auto", *dims.prompt.languages])},

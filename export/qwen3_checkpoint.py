@@ -5,7 +5,7 @@
                              `thinker.lm_head.weight`; or model.safetensors.index.json and its shards
     vocab.json               the byte-level BPE vocabulary (token text -> id)
     merges.txt               the BPE merges: copied into the model directory, to encode a context
-                             (hotwords) for the prompt (pipeline/qwen3_bpe.py), and here each language's
+                             (hotwords) for the prompt (pipeline/families/qwen3_asr/bpe.py), and here each language's
                              forced prompt; without it the export serves, takes no hotwords, and forces
                              only the languages whose name is one token
     tokenizer_config.json    added_tokens_decoder: the added tokens (<|im_start|>, <|audio_pad|>, <asr_text>, ...),
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.qwen3_bpe import MERGES_FILE, Qwen3Tokenizer, read_merges
-from pipeline.qwen3_text import ASR_TEXT_TAG, LANGUAGE_CODES
+from pipeline.families.qwen3_asr.bpe import MERGES_FILE, Qwen3Tokenizer, read_merges
+from pipeline.families.qwen3_asr.text import ASR_TEXT_TAG, LANGUAGE_CODES
 
 CONFIG_FILE, VOCAB_FILE, TOKENIZER_CONFIG_FILE = "config.json", "vocab.json", "tokenizer_config.json"
 WEIGHTS_FILE, WEIGHTS_INDEX_FILE = "model.safetensors", "model.safetensors.index.json"

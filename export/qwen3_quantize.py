@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.qwen3_decoding import ENCODER
+from pipeline.families.qwen3_asr.decoding import ENCODER
 
 FORMS = ("dynamic", "per-channel", "weight-only", "blockwise", "float")
 WEIGHT_ONLY_BLOCK = 128  # inputs per weight scale (and per activation range in "blockwise")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.families import SENSEVOICE, family_of
 from pipeline.modeldir import read_model_directory
 
 from .onnx_export import NAME_SCOPES, load_graph, write_model_dir
@@ -81,7 +82,7 @@ def reexported_model(directory):
 
     from models.sensevoice import ModelDimensions, SenseVoice
 
-    if directory.manifest.architecture != "sensevoice" or "fp32" not in directory.manifest.files:
+    if family_of(directory.manifest) is not SENSEVOICE or "fp32" not in directory.manifest.files:
         raise ValueError(f"{directory.path}: reexport reads a SenseVoice directory's fp32 graph; this one is "
                          f"{directory.manifest.architecture} with {', '.join(directory.manifest.files)}")
     graph = load_graph(directory.onnx_path("fp32")).graph

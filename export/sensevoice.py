@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.families import SENSEVOICE
 from pipeline.modeldir import PRECISIONS, ModelManifest
 
 from .onnx_export import MAX_EXPORT_SAMPLES, OPSET, tag_token_ids, write_model_dir
@@ -185,7 +186,7 @@ def _write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], nam
     """`notice`: the manifest's line for the page and the log; a released checkpoint needs none (its name
     and languages say what it is)."""
     manifest = ModelManifest(
-        name=name, architecture="sensevoice", dimensions=model.dims.to_dict(), files={}, source=source,
+        name=name, architecture=SENSEVOICE.architecture, dimensions=model.dims.to_dict(), files={}, source=source,
         container_seconds=container, tag_tokens=tag_token_ids(tokens), opset=OPSET, notice=notice,
     )
     return write_model_dir(model, tokens, out, manifest, precisions)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.families import SENSEVOICE
 from pipeline.modeldir import SENSEVOICE_LANGUAGES
 
 from . import synth
@@ -373,7 +374,7 @@ def ship(model, tokens: list[str], out: Path, options: TrainOptions, summary: di
                    "heldout_variants": list(synth.HELDOUT_VARIANTS)},
         "training": {k: v for k, v in summary.items() if k != "history"},
     }
-    manifest = ModelManifest(name="demo-en-commands", architecture="sensevoice", dimensions=model.dims.to_dict(),
+    manifest = ModelManifest(name="demo-en-commands", architecture=SENSEVOICE.architecture, dimensions=model.dims.to_dict(),
                              files={}, source=source, languages=dict(LANGUAGES), notice=demo_notice())
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

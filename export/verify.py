@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.families import PARAFORMER, QWEN3_ASR, family_for
 from pipeline.modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, OUTPUT_NAMES, read_model_directory
 from pipeline.providers import provider_config
 
@@ -164,7 +165,8 @@ def errors(a: np.ndarray, b: np.ndarray) -> dict:
 def verify(model_dir: Path, precisions: list[str] | None, container: float | None, lengths: tuple[float, ...],
            device: str = "cpu", agreement_audio: tuple[Path, ...] = ()) -> dict:
     directory = read_model_directory(model_dir)
-    if directory.manifest.architecture == "qwen3-asr":
+    family = family_for(directory)
+    if family is QWEN3_ASR:
         from .verify_qwen3 import verify as verify_qwen3
 
         return verify_qwen3(directory, precisions, lengths, device, agreement_audio)
@@ -175,7 +177,7 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
         raise ValueError(f"the container ({container:g} s) is shorter than the {max(too_long):g} s test audio")
     precisions = precisions or sorted(directory.manifest.files)
     report: dict = {"model": str(model_dir), "container_seconds": container, "device": device, "precisions": {}}
-    paraformer = directory.manifest.architecture == "paraformer"
+    paraformer = family is PARAFORMER
     extra_clips = read_clips(agreement_audio, container_samples)
     outputs: dict[str, dict[str, ClipOutput]] = {}  # precision -> clip -> its answer alone (agreement)
     for precision in precisions:

@@ -1,5 +1,5 @@
 """The Paraformer side of `python -m export verify`: both stages, alone and in the container, on every token
-container the engine serves that container with (pipeline/paraformer_stages.py).
+container the engine serves that container with (pipeline/families/paraformer/stages.py).
 
 For each clip: stage one runs once at the clip's own length and once padded into the container; the
 decoder runs once alone (free shape, exactly the CIF count of token rows) and once per token container that
@@ -16,7 +16,7 @@ import numpy as np
 from pipeline.audio import encoder_frames
 from pipeline.engine_options import default_token_containers
 from pipeline.modeldir import DECODER_FREE_DIMENSIONS, PARAFORMER_ENCODER_OUTPUT_NAMES, ModelDirectory
-from pipeline.paraformer_stages import DecoderGrid, decoder_feed
+from pipeline.families.paraformer.stages import DecoderGrid, decoder_feed
 from pipeline.shapes import token_containers
 
 from .graph_rules import rules_entry

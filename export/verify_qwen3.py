@@ -1,6 +1,6 @@
 """The Qwen3-ASR side of `python -m export verify`: padding invariance of the three graphs.
 
-Each test clip is decoded twice with pipeline/qwen3_decoding.py: alone, at the smallest shapes that hold it
+Each test clip is decoded twice with pipeline/families/qwen3_asr/decoding.py: alone, at the smallest shapes that hold it
 (its own whole attention windows, a prompt of exactly its length, a cache that grows by one slot a step,
 so each step runs over exactly the slots written so far and its own), and served, at the manifest's fixed
 shapes (the container with random garbage after the clip, the padded prompt, the full cache). What must
@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.modeldir import ModelDirectory
-from pipeline.qwen3_decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_length, window_geometry
+from pipeline.families.qwen3_asr.decoding import ENCODER, GRAPHS, Qwen3Decoder, Qwen3Shapes, audio_slots, prompt_length, window_geometry
 
 from .graph_rules import rules_entry
 from .onnx_export import non_static_shapes, op_histogram

@@ -264,7 +264,7 @@ class Paraformer(nn.Module):
         -> token_ids int32 [B, T + 1] (argmax; 0 past the count), token_logprobs float32 [B, T + 1],
            token_counts int32 [B], cif_alphas and cif_peaks float32 [B, T + 1] (CIF weights with the tail,
            FunASR's CIF fires), peak_lengths int32 [B] (valid frames + 1)
-    (pipeline/paraformer_decoding.py names them and turns them into text and times).
+    (pipeline/families/paraformer/decoding.py names them and turns them into text and times).
     with T = ceil(fbank frames / 6) encoder frames. CMVN is set from am.mvn with `set_cmvn`.
     """
 
@@ -327,7 +327,7 @@ class Paraformer(nn.Module):
 
     def forward(self, audio: torch.Tensor, audio_lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Both stages on all T + 1 token rows -> (token_ids, token_logprobs, token_counts, cif_alphas,
-        cif_peaks, peak_lengths), as pipeline/paraformer_decoding.ParaformerOutput.from_graph reads them."""
+        cif_peaks, peak_lengths), as pipeline/families/paraformer/decoding.ParaformerOutput.from_graph reads them."""
         memory, lengths, embeddings, counts, alphas, fires, peak_lengths = self.encoder_stage(audio, audio_lengths)
         token_ids, token_logprobs = self.decoder_stage(memory, lengths, embeddings, counts)
         return token_ids, token_logprobs, counts, alphas, fires, peak_lengths

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline import qwen3_decoding
+from pipeline.families.qwen3_asr import decoding as qwen3_decoding
 
 from .qwen3_audio import AudioEncoder, audio_token_lengths
 from .qwen3_frontend import WhisperLogMel
@@ -245,7 +245,7 @@ def prompt_capacity(dims: Qwen3ASRDimensions, audio_slots: int) -> int:
 
 def build_prompt_ids(dims: Qwen3ASRDimensions, token_lengths: list[int], prompt_slots: int,
                      language: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's prompt as the serving pipeline builds it (pipeline/qwen3_decoding.py prompt_ids): ids
+    """Each row's prompt as the serving pipeline builds it (pipeline/families/qwen3_asr/decoding.py prompt_ids): ids
     [B, prompt_slots], lengths [B]."""
     rows = [qwen3_decoding.prompt_ids(dataclasses.asdict(dims.prompt), count, prompt_slots, language)
             for count in token_lengths]

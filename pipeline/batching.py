@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .beam_search import DEFAULT_BEAM, TOP_K, top_k
-from .hotwords import ContextGraph
+from .families.sensevoice.beam_search import DEFAULT_BEAM, TOP_K, top_k
 from .modeldir import DECODING_OUTPUT_NAMES, OUTPUT_NAMES
 
 log = logging.getLogger(__name__)
@@ -45,8 +44,9 @@ class Clip:
     audio: np.ndarray
     language: str = "auto"
     itn: bool = False
-    hotwords: ContextGraph | None = None  # None: greedy; else a beam search over the top-k biased to them
-    #                                       (a Qwen3-ASR's: a Qwen3Context, its prompt's context)
+    # Engine.hotword_graph's: None, greedy; a CTC model's ContextGraph, a beam search over the top-k biased to
+    # them; a Qwen3-ASR's Qwen3Context, its prompt's context
+    hotwords: Any = None
     beam: int = DEFAULT_BEAM
 
 
@@ -58,7 +58,7 @@ class ClipOutput:
     best_ids: np.ndarray  # int [length]
     best_logprobs: np.ndarray  # float32 [length]
     topk_ids: np.ndarray | None = None  # int [length, k], best first (when asked; from an older graph, the
-    #                                     host's pipeline/beam_search.top_k, whose pruned entries are -inf)
+    #                                     host's families/sensevoice/beam_search.top_k, whose pruned entries are -inf)
     topk_logprobs: np.ndarray | None = None  # float32 [length, k]
     logprobs: np.ndarray | None = None  # float32 [frames, vocab], all frames (when asked)
 

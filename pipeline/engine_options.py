@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .batching import validate_batch_sizes
+from .families import SENSEVOICE, Family
 from .modeldir import INT8_WEIGHT_BITS, ModelManifest
 from .providers import DEVICES, int8_kernels_saturate
-from .shapes import (DEFAULT_CPU_CONTAINERS, DEFAULT_CPU_TOKEN_CONTAINERS, DEFAULT_GPU_CONTAINERS,
-                     DEFAULT_PARAFORMER_CPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, OPEN_STEP, ShapePolicy)
+from .shapes import DEFAULT_CPU_TOKEN_CONTAINERS, DEFAULT_GPU_CONTAINERS, DEFAULT_TOKEN_CONTAINERS, OPEN_STEP, ShapePolicy
 
 PRECISION_CHOICES = ("auto", "fp32", "int8", "fp16")
 
@@ -107,37 +107,32 @@ def choose_precision(requested: str, device: str, available: dict, int8_drifting
     return preferred if preferred in available else "fp32"
 
 
-def default_containers(device: str, architecture: str = "sensevoice") -> tuple[float, ...]:
-    if device != "cpu":
-        return DEFAULT_GPU_CONTAINERS
-    return DEFAULT_PARAFORMER_CPU_CONTAINERS if architecture == "paraformer" else DEFAULT_CPU_CONTAINERS
+def default_containers(device: str, family: Family = SENSEVOICE) -> tuple[float, ...]:
+    return family.cpu_containers if device == "cpu" else DEFAULT_GPU_CONTAINERS
 
 
 def default_token_containers(device: str) -> tuple[int, ...]:
     return DEFAULT_CPU_TOKEN_CONTAINERS if device == "cpu" else DEFAULT_TOKEN_CONTAINERS
 
 
-def replays_cuda_graphs(options: EngineOptions, device: str, architecture: str) -> bool:
-    """Whether the sessions capture and replay CUDA graphs: as asked, else on for a CTC model (SenseVoice) on
-    CUDA. Measured on an H100 (docs/benchmarks.md, the third lease): a call 8-11 ms at batch 1 instead of
-    19-22 ms, its time being the graph's node launches, and 400 streams within p95 0.5 s instead of 256, with
-    replays equal to plain runs. Paraformer's and Qwen3-ASR's graphs have never been replayed on a GPU, so
-    they run plain unless asked."""
+def replays_cuda_graphs(options: EngineOptions, device: str, family: Family) -> bool:
+    """Whether the sessions capture and replay CUDA graphs: as asked, else as the family says (Family.cuda_graphs:
+    SenseVoice, measured; the others have never been replayed on a GPU, so they run plain unless asked)."""
     if options.cuda_graph is not None:
         return options.cuda_graph and device == "cuda"
-    return device == "cuda" and architecture == "sensevoice"
+    return device == "cuda" and family.cuda_graphs
 
 
-def one_session_per_graph(options: EngineOptions, device: str, architecture: str) -> bool:
+def one_session_per_graph(options: EngineOptions, device: str, family: Family) -> bool:
     """Whether one prepacked session per graph serves every shape (a Paraformer on the CPU, sessions.runner_on)."""
-    return architecture == "paraformer" and options.share_weights and device == "cpu"
+    return family.one_session_on_cpu and options.share_weights and device == "cpu"
 
 
-def shape_plan(options: EngineOptions, device: str, architecture: str) -> tuple[ShapePolicy, tuple[int, ...]]:
+def shape_plan(options: EngineOptions, device: str, family: Family) -> tuple[ShapePolicy, tuple[int, ...]]:
     """The shapes the engine warms on `device` (pure, so tests check a device's plan without the device): the
     audio containers, open or not (pipeline/shapes.py; only where one session serves every shape, unless
     containers or token containers are given), and a Paraformer decoder's token ladder (() when open: each
     warmed container's frames + 1 only)."""
-    opened = one_session_per_graph(options, device, architecture) and options.containers is None and not options.token_containers
-    policy = ShapePolicy(options.containers or default_containers(device, architecture), OPEN_STEP if opened else 0)
+    opened = one_session_per_graph(options, device, family) and options.containers is None and not options.token_containers
+    policy = ShapePolicy(options.containers or default_containers(device, family), OPEN_STEP if opened else 0)
     return policy, () if opened else options.token_containers or default_token_containers(device)

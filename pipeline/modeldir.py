@@ -40,11 +40,11 @@ DECODING_OUTPUT_NAMES = ("best_ids", "best_logprobs", "topk_ids", "topk_logprobs
 # too, but take 1.6-1.8x the time on VNNI CPUs: export/paraformer.py.) A manifest without `int8_weight_bits`
 # is from before: 8.
 INT8_WEIGHT_BITS = 7
-# Paraformer (architecture "paraformer") runs as two graphs. Stage one (`files`): audio and lengths in; the
+# Paraformer runs as two graphs. Stage one (`files`): audio and lengths in; the
 # encoder output and its valid frames, the CIF token embeddings and count, CIF weights and peaks, and the
 # valid CIF frames out. Stage two (`decoder_files`): the encoder output, its lengths, the first `tokens`
 # rows of the token embeddings and the count in; the best token per row and its log-prob out
-# (pipeline/paraformer_stages.py runs both, pipeline/paraformer_decoding.py reads them).
+# (pipeline/families/paraformer: stages.py runs both, decoding.py reads them).
 PARAFORMER_INPUT_NAMES = ("audio", "audio_lengths")
 PARAFORMER_ENCODER_OUTPUT_NAMES = ("encoder_out", "encoder_lengths", "token_embeddings", "token_counts",
                                    "cif_alphas", "cif_peaks", "peak_lengths")
@@ -52,7 +52,7 @@ PARAFORMER_DECODER_INPUT_NAMES = ("encoder_out", "encoder_lengths", "token_embed
 PARAFORMER_DECODER_OUTPUT_NAMES = ("token_ids", "token_logprobs")
 DECODER_FREE_DIMENSIONS = ("batch", "frames", "tokens")
 DECODER_ONNX_FILES = {"fp32": "decoder.onnx", "int8": "decoder.int8.onnx", "fp16": "decoder.fp16.onnx"}
-# Qwen3-ASR (architecture "qwen3-asr"): three graphs, each its own signature (export/qwen3_asr.py).
+# Qwen3-ASR: three graphs, each its own signature (export/qwen3_asr.py).
 QWEN3_SIGNATURES = {
     "encoder": (("audio", "audio_lengths"), ("audio_embeds", "audio_token_lengths")),
     "prefill": (("prompt_ids", "prompt_lengths", "audio_embeds"), ("logits", "keys", "values")),
@@ -63,22 +63,10 @@ SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 1
 SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}
 
 
-def signature(architecture: str, graph: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The graph's input and output names for a model family (the manifest's architecture); `graph` names
-    one graph of a several-graph family ("decoder": a Paraformer's second stage; Qwen3-ASR's three)."""
-    if architecture == "qwen3-asr":
-        return QWEN3_SIGNATURES[graph]
-    if architecture == "paraformer":
-        if graph == "decoder":
-            return PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
-        return PARAFORMER_INPUT_NAMES, PARAFORMER_ENCODER_OUTPUT_NAMES
-    return INPUT_NAMES, OUTPUT_NAMES
-
-
 @dataclass(frozen=True)
 class ModelManifest:
     name: str
-    architecture: str  # "sensevoice", "paraformer" or "qwen3-asr"
+    architecture: str  # the model family (pipeline/families FAMILIES)
     dimensions: dict  # models.sensevoice.ModelDimensions as a dict
     files: dict  # precision -> ONNX file name, only the precisions that were exported
     source: dict  # where the weights came from: {"kind": "checkpoint"|"random-init"|"trained", ...}
@@ -97,7 +85,7 @@ class ModelManifest:
     # languages would mislead, e.g. what a demo model recognises; empty for a general model.
     notice: str = ""
     decoder_files: dict = field(default_factory=dict)  # Paraformer: precision -> stage two's ONNX file
-    # Families served by several graphs (architecture "qwen3-asr": export/qwen3_asr.py): precision ->
+    # Families served by several graphs (Qwen3-ASR: export/qwen3_asr.py): precision ->
     # graph name -> file; `files` then names each precision's first graph. Empty for one-graph families.
     graphs: dict = field(default_factory=dict)
     int8_weight_bits: int = INT8_WEIGHT_BITS  # of the int8 graphs' weights (see INT8_WEIGHT_BITS)
@@ -163,11 +151,6 @@ def read_model_directory(path: str | Path) -> ModelDirectory:
     vocab = manifest.dimensions.get("vocab_size")
     if vocab is not None and vocab != len(tokens):
         raise ModelLoadError(f"{path / TOKENS_FILE}: {len(tokens)} tokens, the model has {vocab}")
-    if manifest.architecture == "paraformer" and set(manifest.decoder_files) != set(manifest.files):
-        raise ModelLoadError(
-            f"{path} holds a single-graph Paraformer export, from before the encoder and decoder became two "
-            "graphs (the decoder now runs on the tokens, not the frames): re-export it with `python -m export "
-            "paraformer` (or `python -m export pull`) into a new directory", path=str(path))
     for precision, name in list(manifest.files.items()) + list(manifest.decoder_files.items()):
         if precision not in PRECISIONS:
             raise ModelLoadError(f"{manifest_path}: unknown precision {precision!r}")

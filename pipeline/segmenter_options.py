@@ -1,7 +1,7 @@
 """The segmenter's options (pipeline/segmenter.py), and the checks that name the first one that makes no sense."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .audio import VAD_FRAME, samples_to_seconds
 from .json_text import finite_number
@@ -76,3 +76,16 @@ def validate_options(options: SegmenterOptions) -> None:
         raise ValueError(f"cut_search must be from {FRAME_SECONDS} s to half of max_segment_seconds, got {o.cut_search}")
     if o.partial_interval and o.partial_window < FRAME_SECONDS:  # above max_segment_seconds it is clipped
         raise ValueError(f"partial_window must be at least {FRAME_SECONDS} s, got {o.partial_window}")
+
+
+def fit_to_container(options: SegmenterOptions, largest: float, cut: bool = False) -> SegmenterOptions:
+    """The one rule between the segmenter and the engine: the largest container (seconds) holds a whole
+    segment, else every longer utterance would fail its inference. A model whose export fixes its largest
+    container (Family.export_container: Qwen3-ASR, e.g. 8 s for its tiny geometry) is served by cutting
+    segments and partial windows to it (`cut`); containers a user chose smaller are refused (ValueError)."""
+    if largest >= options.max_segment_seconds:
+        return options
+    if not cut:
+        raise ValueError(f"the largest must hold a whole segment ({options.max_segment_seconds:g} s of audio), "
+                         f"got {largest:g} s")
+    return replace(options, max_segment_seconds=largest, partial_window=min(options.partial_window, largest))

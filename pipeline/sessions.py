@@ -1,5 +1,5 @@
 """Creating the engine's ONNX Runtime sessions: one per (batch size, container) pair of the grid, and for a
-Paraformer's decoder one per (container, token container) (pipeline/paraformer_stages.py).
+Paraformer's decoder one per (container, token container) (pipeline/families/paraformer/stages.py).
 
     SessionOptions   intra-op threads, sequential execution, every free dimension fixed with
                      add_free_dimension_override_by_name (batch = the row count, samples = the container),
@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -26,7 +26,7 @@ import onnxruntime as ort
 from .errors import ModelLoadError, ProviderError
 from .initializers import read_initializers
 from .audio import encoder_frames
-from .modeldir import DECODER_FREE_DIMENSIONS, DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, signature
+from .modeldir import DECODER_FREE_DIMENSIONS, FREE_DIMENSIONS
 from .providers import ProviderConfig, SessionRunner
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ def session_options(batch: int, size: int, config: ProviderConfig, threads: int,
 
 
 def create_session(path: Path, batch: int, size: int, config: ProviderConfig, threads: int,
-                   shared: SharedWeights, device_id: int, architecture: str, tokens: int = 0, graph: str = "",
+                   shared: SharedWeights, device_id: int, family: Any, tokens: int = 0, graph: str = "",
                    overrides: dict[str, int] | None = None, prepack: bool = False) -> SessionRunner:
-    """One session of the grid (`tokens` > 0: a Paraformer decoder's, for that many token rows; `size` 0: one
+    """One session of `family`'s (a pipeline.families Family) graph (`tokens` > 0: a Paraformer decoder's, for that many token rows; `size` 0: one
     session for every shape of the grid, see runner_on; `graph` and `overrides`: which graph of a several-graph
     family, and its free axes' sizes; `prepack`: see session_options); ModelLoadError (the graph) or
     ProviderError (the device) when it fails."""
@@ -101,7 +101,7 @@ def create_session(path: Path, batch: int, size: int, config: ProviderConfig, th
                             f"{config.provider} (see its warnings above)", device=config.device)
     if config.device != "cpu":
         session.disable_fallback()  # a GPU failure must raise (we rebuild), not silently run on CPU
-    check_signature(session, path, architecture, graph or ("decoder" if tokens > 0 else ""), fixed=bool(size))
+    check_signature(session, path, family, graph or ("decoder" if tokens > 0 else ""), fixed=bool(size))
     runner = SessionRunner(session, batch, size, config, device_id)
     runner.weights = shared  # the session reads these arrays in place: they live as long as it does
     return runner
@@ -126,16 +126,18 @@ def open_runner(runners: dict, key: tuple, batch: int, size: int, stats) -> Sess
     return runner
 
 
-def check_signature(session: ort.InferenceSession, path: Path, architecture: str, graph: str = "",
+def check_signature(session: ort.InferenceSession, path: Path, family: Any, graph: str = "",
                     fixed: bool = True) -> None:
+    """ModelLoadError unless the session's inputs and outputs are `graph`'s of `family` (a pipeline.families
+    Family), and, `fixed`, no input dimension escaped the overrides."""
     inputs = {i.name: i.shape for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    input_names, output_names = signature(architecture, graph)
-    if set(inputs) != set(input_names) or set(outputs) not in (set(output_names),
-                                                                set(output_names) | set(DECODING_OUTPUT_NAMES)):
+    input_names, output_names = family.signature(graph)
+    optional = family.optional_outputs
+    if set(inputs) != set(input_names) or set(outputs) not in (set(output_names), set(output_names) | set(optional)):
         raise ModelLoadError(f"{path}: inputs {sorted(inputs)} and outputs {outputs} are not "
-                             f"{list(input_names)} -> {list(output_names)} (plus, optionally, "
-                             f"{list(DECODING_OUTPUT_NAMES)})", path=str(path))
+                             f"{list(input_names)} -> {list(output_names)}"
+                             + (f" (plus, optionally, {list(optional)})" if optional else ""), path=str(path))
     free = {name: shape for name, shape in inputs.items() if not all(isinstance(d, int) for d in shape)}
     if free and fixed:  # a dimension not named batch/samples escaped the overrides: shapes would not be static
         raise ModelLoadError(f"{path}: inputs with free dimensions other than "

@@ -33,7 +33,7 @@ DEFAULT_CPU_CONTAINERS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 DEFAULT_PARAFORMER_CPU_CONTAINERS: tuple[float, ...] = (30.0,)
 OPEN_STEP = OUTPUT_FRAME_SHIFT  # samples: one encoder frame, so a clip's padding is under 60 ms
 OPEN_TOKEN_STEP = 4  # decoder rows: a step keeps the shapes few (ONNX Runtime plans memory per shape)
-# Token containers of a Paraformer's decoder (pipeline/paraformer_stages.py): the CIF count picks the
+# Token containers of a Paraformer's decoder (pipeline/families/paraformer/stages.py): the CIF count picks the
 # smallest that holds it; each audio container adds its own frames + 1, which holds any count. GPUs hold
 # a session (and its weights) per token container, so their ladder is coarse; the CPU's rungs cost only
 # their warm-up, so it steps by at most 1.25x (the decoder is about a fifth of a clip's time).

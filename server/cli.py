@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.batching import parse_batch_sizes
 from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
-from pipeline.hotwords import read_model_hotwords
+from pipeline.families import read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 from pipeline.vad import VADS

@@ -16,7 +16,7 @@ from pipeline.engine import PRECISION_CHOICES
 from pipeline.planner import MeasuredCosts, read_cost_tables
 from pipeline.providers import resolve_device
 from pipeline.shapes import ShapePolicy, format_containers
-from pipeline.segmenter_options import SegmenterOptions, validate_options
+from pipeline.segmenter_options import SegmenterOptions, fit_to_container, validate_options
 
 from .access import FORWARDED_ALLOW_IPS_ENV, proxy_networks
 from .protocol import DEFAULT_PORT
@@ -131,9 +131,10 @@ def validate_config(config: ServerConfig) -> ServerConfig:
             ShapePolicy(config.containers)
         except ValueError as exc:
             raise ValueError(f"--containers: {exc}") from None
-        longest = _SEGMENTER.max_segment_seconds  # else every longer utterance would fail its inference
-        check(max(config.containers) >= longest, f"--containers: the largest must hold a whole segment "
-              f"({longest:g} s of audio), got {format_containers(config.containers)}")
+        try:
+            fit_to_container(_SEGMENTER, max(config.containers))
+        except ValueError as exc:
+            raise ValueError(f"--containers: {exc} ({format_containers(config.containers)})") from None
     check(config.threads >= 0, f"--threads must be >= 0, got {config.threads}")
     check(config.cpu_spin_us >= 0, f"--cpu-spin-us must be >= 0, got {config.cpu_spin_us}")
     if config.batch_sizes is not None:

@@ -178,7 +178,7 @@ class DeepgramConnection(StreamConnection):
             options = dataclasses.replace(options, partial_interval=0.0)
         streams = channels if self.options.multichannel else 1
         for i in range(streams):
-            continuation = Continuation(self.app.segmenter_options) if self.app.engine.word_times else None
+            continuation = Continuation(self.app.segmenter_options) if self.app.engine.family.word_times else None
             channel = _Channel(i, f"{self.id}:{i}", fmt, options, continuation)
             self._channels.append(channel)
             self._by_worker[channel.worker_id] = channel

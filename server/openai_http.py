@@ -206,7 +206,7 @@ class FileTranscription:
             self.app.engine.language_id(language)
         except ProtocolError as exc:
             raise ApiError(400, str(exc), param="language", code="unsupported_language") from None
-        if form.prompt and self.app.engine.qwen3:  # its prompt's context; the CTC models take none
+        if form.prompt and self.app.engine.family.prompt:  # its prompt's context; the CTC models take none
             try:
                 self.hotwords = self.app.hotword_graph((), form.prompt)
             except ProtocolError as exc:
@@ -279,7 +279,7 @@ class FileTranscription:
             options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
             session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
             # a cut at the segment length limit falls inside speech: hear the end of the one before
-            continuation = Continuation(options) if self.app.engine.word_times else None
+            continuation = Continuation(options) if self.app.engine.family.word_times else None
             joining = continuation is not None and self.sequence_key is not None
             block = await asyncio.to_thread(next, blocks, None)
             following = None if block is None else await asyncio.to_thread(next, blocks, None)

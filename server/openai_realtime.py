@@ -57,7 +57,7 @@ TRANSCRIPTION = "conversation.item.input_audio_transcription"
 # A commit that ends inside speech (a client's VAD ended the turn as the next word began: pipecat's default
 # stop_secs is 0.2 s) holds the start of a word it cut off. Its last segment waits for this much of the audio
 # that follows the commit and is heard with it, so the word is heard whole; the words that start after the
-# commit are left to the next item (pipeline.decoding.before_cut). Alone, the piece was misheard ("s" of
+# commit are left to the next item (pipeline.families.sensevoice.decoding.before_cut). Alone, the piece was misheard ("s" of
 # "save" as "slower") and the next item, hearing the word whole as its context, dropped it as said.
 LOOKAHEAD_SECONDS = 0.5
 LOOKAHEAD_WAIT = 1.0  # seconds: a client that sends nothing after such a commit gets its item this much later
@@ -140,7 +140,7 @@ class RealtimeConnection(StreamConnection):
 
     async def _update(self, data: dict[str, Any]) -> None:
         config = apply_update(self.config, data, self.app.engine.model.manifest.languages)
-        if config.prompt != self.config.prompt and self.app.engine.qwen3:  # its prompt's context; CTC: unused
+        if config.prompt != self.config.prompt and self.app.engine.family.prompt:  # its prompt's context; CTC: unused
             try:
                 self._context = self.app.hotword_graph((), config.prompt) if config.prompt else None
             except ProtocolError as exc:

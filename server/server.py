@@ -10,7 +10,6 @@ Signal handlers only set flags and events; everything else happens in `serve()`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import signal
@@ -22,9 +21,11 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import OverloadError
-from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
+from pipeline.families import family_of, read_model_hotwords
+from pipeline.hotwords import Hotword, merge_hotwords
 from pipeline.modeldir import ModelManifest, read_model_directory
 from pipeline.segmenter import SegmenterOptions
+from pipeline.segmenter_options import fit_to_container
 from pipeline.providers import resolve_device
 from pipeline.vad import silero_session
 
@@ -82,13 +83,10 @@ def engine_options(config: ServerConfig) -> EngineOptions:
 
 
 def fit_segments(options: SegmenterOptions, manifest: ModelManifest) -> SegmenterOptions:
-    """A family with one fixed container (Qwen3-ASR: its export's, e.g. 8 s for the tiny geometry) cuts
-    segments and partial windows to it, so no segment outgrows the only shape that was warmed."""
-    if not manifest.graphs or manifest.container_seconds >= options.max_segment_seconds:
+    """Segments cut to the export's container where the family's export fixes its largest (fit_to_container)."""
+    if not family_of(manifest).export_container:
         return options
-    longest = manifest.container_seconds
-    return dataclasses.replace(options, max_segment_seconds=longest,
-                               partial_window=min(options.partial_window, longest))
+    return fit_to_container(options, manifest.container_seconds, cut=True)
 
 
 class Server:

@@ -113,7 +113,7 @@ class StreamConnection:
         self._jobs: set[Job] = set()  # submitted and not yet delivered (of partials, only the newest)
         self._closed_segment = -1  # highest segment whose SegmentFinished has been seen
         # finals that continue the previous one are heard after its end (pipeline/trim.py); words need times
-        self._continuation = Continuation(app.segmenter_options) if app.engine.word_times else None
+        self._continuation = Continuation(app.segmenter_options) if app.engine.family.word_times else None
         # (stream seconds received, monotonic time) after each audio message, for the latency metric
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque(maxlen=_ARRIVALS)
         self._sender: asyncio.Task[None] | None = None

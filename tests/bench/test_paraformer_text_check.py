@@ -10,7 +10,7 @@ import numpy as np
 
 from bench.paraformer_text_check import compare, decoded, mixed_vocabulary, our_side
 from export.paraformer import synthetic_tokens
-from pipeline.paraformer_decoding import FILTERED_IDS, ParaformerOutput
+from pipeline.families.paraformer.decoding import FILTERED_IDS, ParaformerOutput
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer"
 

@@ -94,6 +94,8 @@ def test_the_wheel_holds_one_package_and_what_the_server_reads(wheel: Path) -> N
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"unipad_asr"}, top  # no `server`, `models`, ... of ours at the top of site-packages
     assert {f"unipad_asr/{p}/__init__.py" for p in SHIPPED} <= set(names)
+    subpackages = {f"unipad_asr/{init.relative_to(ROOT).as_posix()}" for p in SHIPPED for init in (ROOT / p).rglob("__init__.py")}
+    assert subpackages <= set(names), sorted(subpackages - set(names))  # pipeline/families/* with the rest
     for needed in ("models/demo/manifest.json", "models/demo/model.int8.onnx", "models/demo/tokens.txt",
                    "clients/static/index.html", "clients/static/worklet.js", "pipeline/data/silero_vad.onnx",
                    "pipeline/data/silero_vad.LICENSE"):

@@ -19,7 +19,7 @@ from export.synth import NOISE_KINDS, colored_noise
 from export.train_demo import LANGUAGE_PROMPTS, LANGUAGES
 from export.verify import MAX_SCALED_ERR, errors, verify
 from pipeline.audio import PROMPT_FRAMES, SAMPLE_RATE, seconds_to_samples
-from pipeline.decoding import decode_ctc
+from pipeline.families.sensevoice.decoding import decode_ctc
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import ProtocolError
 from pipeline.modeldir import read_model_directory

@@ -25,7 +25,7 @@ from pipeline.audio import seconds_to_samples
 from pipeline.engine import Engine
 from pipeline.errors import ModelLoadError
 from pipeline.modeldir import read_model_directory
-from pipeline.paraformer_decoding import ParaformerOutput, decode_paraformer
+from pipeline.families.paraformer.decoding import ParaformerOutput, decode_paraformer
 from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS
 from server.cli import main as cli_main
 

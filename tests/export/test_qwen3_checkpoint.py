@@ -23,7 +23,7 @@ from export.qwen3_asr import GRAPH_FILES
 from pipeline import catalog
 from pipeline.catalog import QWEN3_ASR_0_6B, HubFile
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
+from pipeline.families.qwen3_asr.decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, serving_overrides
 from qwen3_released import CONFIG, FIXTURE, SPECIAL, released_files
 
 REFERENCE = np.load(FIXTURE / "reference.npz")

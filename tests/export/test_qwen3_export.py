@@ -1,5 +1,5 @@
 """`python -m export qwen3-asr` on the tiny geometry: three graphs, the manifest, verify, and the ONNX
-decoder (pipeline/qwen3_decoding.py) against the PyTorch model it was exported from."""
+decoder (pipeline/families/qwen3_asr/decoding.py) against the PyTorch model it was exported from."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from export.onnx_export import deterministic_waveform
 from export.qwen3_asr import DEFAULT_SEED, random_model
 from export.verify import verify
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import GRAPHS, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
+from pipeline.families.qwen3_asr.decoding import GRAPHS, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
 
 CONTAINER, MAX_NEW_TOKENS = 8.0, 16  # conftest.py qwen3_model_dir exports the tiny preset with these
 
@@ -109,7 +109,7 @@ def test_a_clip_sized_prompt_and_growing_cache_decode_as_the_whole_ones_do(model
 def test_a_forced_language_decodes_as_the_pytorch_model(model_dir):
     """A forced language ends the prompt as the reference's does ("<|im_start|>assistant\n" then "language
     English<asr_text>"); the graphs decode it as the PyTorch model; the prompt slots have room for it."""
-    from pipeline.qwen3_decoding import forced_language_ids, prompt_ids
+    from pipeline.families.qwen3_asr.decoding import forced_language_ids, prompt_ids
 
     model = random_model("tiny", DEFAULT_SEED)
     directory = read_model_directory(model_dir)
@@ -194,7 +194,7 @@ def test_prefill_and_step_share_their_decoder_weights_on_the_cpu(model_dir):
     prepacked. The same transcript as with a copy each (ONNX Runtime ignoring the names a graph lacks)."""
     from pipeline.engine import Engine, EngineOptions
     from pipeline.initializers import read_initializers
-    from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
+    from pipeline.families.qwen3_asr.runtime import CONTENT_NAME_PREFIX
 
     manifest = read_model_directory(model_dir).manifest
     graphs = manifest.graphs["int8"]
@@ -207,9 +207,9 @@ def test_prefill_and_step_share_their_decoder_weights_on_the_cpu(model_dir):
     shared, separate = (Engine(model_dir, EngineOptions(device="cpu", precision="int8", share_weights=s)).load()
                         for s in (True, False))
     size = shared.policy.largest  # every container's runners hold the same arrays
-    given = set(shared._sessions[("step", size)].weights)
-    assert given == set(shared._sessions[("prefill", size)].weights) == common & unpacked
+    given = set(shared.runtime.runners[("step", size)].weights)
+    assert given == set(shared.runtime.runners[("prefill", size)].weights) == common & unpacked
     embedding = max(common & unpacked, key=lambda n: step[n].nbytes)
     assert embedding in given and step[embedding].shape[0] == manifest.dimensions["vocab_size"]
-    assert not separate._sessions[("step", size)].weights and not shared._sessions[("encoder", size)].weights
+    assert not separate.runtime.runners[("step", size)].weights and not shared.runtime.runners[("encoder", size)].weights
     assert shared.transcribe(audio) == separate.transcribe(audio)

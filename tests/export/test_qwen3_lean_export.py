@@ -19,8 +19,8 @@ from export.onnx_export import deterministic_waveform, external_data_file, quant
 from export.qwen3_asr import DEFAULT_SEED, GRAPH_FILES, random_model, synthetic_tokens, write
 from pipeline.initializers import read_initializers
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import ENCODER, GRAPHS, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
-from pipeline.qwen3_engine import CONTENT_NAME_PREFIX
+from pipeline.families.qwen3_asr.decoding import ENCODER, GRAPHS, PREFILL, STEP, Qwen3Decoder, Qwen3Shapes
+from pipeline.families.qwen3_asr.runtime import CONTENT_NAME_PREFIX
 
 CONTAINER, MAX_NEW_TOKENS = 8.0, 16  # as conftest.py's qwen3_model_dir
 PRECISIONS = ("fp32", "int8", "fp16")

@@ -19,7 +19,7 @@ from export.qwen3_quantize import RECIPES, head_node, quantize_graph
 from export.verify import CTC_AGREEMENT, verify
 from export.verify_qwen3 import AGREEMENT as QWEN3_AGREEMENT
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import GRAPHS
+from pipeline.families.qwen3_asr.decoding import GRAPHS
 
 QWEN3_LENGTHS, SENSEVOICE_LENGTHS = (1.5, 6.1), (2.0, 7.0)
 

@@ -22,7 +22,7 @@ from models.frontend import read_am_mvn
 from models.paraformer import Paraformer, ParaformerDimensions
 from models.sensevoice import load_checkpoint_state, load_state_strict
 from pipeline.audio import SAMPLE_RATE
-from pipeline.paraformer_decoding import ParaformerOutput, decode_paraformer
+from pipeline.families.paraformer.decoding import ParaformerOutput, decode_paraformer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer"
 CONFIG = json.loads((FIXTURE / "config.json").read_text(encoding="utf-8"))

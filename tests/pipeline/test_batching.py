@@ -89,7 +89,7 @@ def test_graph_decoding_outputs_equal_host_decoding(batched, tiny_model_dir):
 
 def test_serving_fetches_only_the_decoding_outputs(batched):
     """The host receives [frames] arrays, not [frames, vocab]: the output-name list reaches the session."""
-    session = batched._sessions[(1, seconds_to_samples(2.0))]
+    session = batched.runtime.sessions.sessions[(1, seconds_to_samples(2.0))]
     seen = []
     real = session.session.run
     session.session.run = lambda names, feed: seen.append(tuple(names)) or real(names, feed)
@@ -139,7 +139,7 @@ def test_session_memory_is_reported(batched):
 def test_hotword_clips_share_a_batch_and_the_graph_top_k_matches_the_host(demo_speech):
     """Beam search over the graph's top-k, inside a batch, gives what the host's top-k of the full log-probs
     gives alone (the path before in-graph decoding)."""
-    from pipeline.beam_search import beam_search, top_k
+    from pipeline.families.sensevoice.beam_search import beam_search, top_k
     from pipeline.hotwords import Hotword
 
     eng = Engine(ROOT / "models" / "demo", EngineOptions(device="cpu", precision="fp32", containers=(4.0,),

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
-from pipeline.decoding import decode_ctc
+from pipeline.families.sensevoice.decoding import decode_ctc
 from pipeline.transcript import TokenTiming, merge_words
 
 TOKENS = [

@@ -17,6 +17,7 @@ from pipeline.audio import SAMPLE_RATE, seconds_to_samples
 from pipeline.transcript import Transcript
 from pipeline.engine import Engine, EngineOptions, choose_precision
 from pipeline.engine_options import replays_cuda_graphs
+from pipeline.families import PARAFORMER, QWEN3_ASR, SENSEVOICE
 from pipeline.errors import InferenceError, ModelLoadError, ProtocolError, ProviderError, UnwarmedShapeError
 from pipeline.shapes import DEFAULT_CPU_CONTAINERS
 from pipeline.providers import (
@@ -58,17 +59,17 @@ def test_cuda_graphs_by_default_only_where_they_were_measured():
     """Replayed CUDA graphs by default for SenseVoice on CUDA (measured: docs/benchmarks.md, the third lease);
     plain for the families never replayed on a GPU and on every other provider; as asked, where asked."""
     auto = EngineOptions()
-    assert replays_cuda_graphs(auto, "cuda", "sensevoice")
-    assert not any(replays_cuda_graphs(auto, "cuda", family) for family in ("paraformer", "qwen3-asr"))
-    assert not any(replays_cuda_graphs(auto, device, "sensevoice") for device in ("cpu", "directml"))
-    assert not replays_cuda_graphs(EngineOptions(cuda_graph=False), "cuda", "sensevoice")
-    assert replays_cuda_graphs(EngineOptions(cuda_graph=True), "cuda", "paraformer")
-    assert not replays_cuda_graphs(EngineOptions(cuda_graph=True), "cpu", "sensevoice")
+    assert replays_cuda_graphs(auto, "cuda", SENSEVOICE)
+    assert not any(replays_cuda_graphs(auto, "cuda", family) for family in (PARAFORMER, QWEN3_ASR))
+    assert not any(replays_cuda_graphs(auto, device, SENSEVOICE) for device in ("cpu", "directml"))
+    assert not replays_cuda_graphs(EngineOptions(cuda_graph=False), "cuda", SENSEVOICE)
+    assert replays_cuda_graphs(EngineOptions(cuda_graph=True), "cuda", PARAFORMER)
+    assert not replays_cuda_graphs(EngineOptions(cuda_graph=True), "cpu", SENSEVOICE)
 
 
 def test_cpu_engine_replays_no_cuda_graph(tiny_model_dir):
     eng = Engine(tiny_model_dir, EngineOptions(device="cpu", cuda_graph=True, containers=(2.0,))).load()
-    assert eng.cuda_graph is False and not next(iter(eng._sessions.values())).config.io_binding
+    assert eng.cuda_graph is False and not next(iter(eng.runtime.sessions.sessions.values())).config.io_binding
 
 
 def test_cuda_options():

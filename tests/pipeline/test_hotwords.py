@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from pipeline.audio import load_audio
-from pipeline.beam_search import BLANK_SKIP, TOP_K_WINDOW, beam_search, top_k
-from pipeline.decoding import decode_ctc
+from pipeline.families.sensevoice.beam_search import BLANK_SKIP, TOP_K_WINDOW, beam_search, top_k
+from pipeline.families.sensevoice.decoding import decode_ctc
 from pipeline.errors import ProtocolError
-from pipeline.hotwords import (DEFAULT_BOOST, MAX_HOTWORDS, ContextGraph, Hotword, Speller, parse_hotwords,
-                               parse_word_weights, read_hotwords_file)
+from pipeline.families.sensevoice.hotwords import ContextGraph, Speller
+from pipeline.hotwords import DEFAULT_BOOST, MAX_HOTWORDS, Hotword, parse_hotwords, parse_word_weights, read_hotwords_file
 from fixtures.make_hotword_fixture import BLEND_BOOST
 
 TOKENS = ["<blank>", "<unk>", "<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|woitn|>",
@@ -124,13 +124,13 @@ def test_funasr_word_weights():
 def test_hotwords_file(tmp_path):
     path = tmp_path / "hot.txt"
     path.write_text("# commands\nsave\n\nturn on the music\t2.5\n", encoding="utf-8")
-    assert read_hotwords_file(path, TOKENS) == (Hotword("save"), Hotword("turn on the music", 2.5))
+    assert read_hotwords_file(path, SPELLER.spellings) == (Hotword("save"), Hotword("turn on the music", 2.5))
     path.write_text("save\nzebra\n", encoding="utf-8")
     with pytest.raises(ValueError, match=":2:.*zebra"):
-        read_hotwords_file(path, TOKENS)
+        read_hotwords_file(path, SPELLER.spellings)
     # as Windows Notepad saves it: a byte-order mark and CRLF line ends
     path.write_bytes("\ufeffsave\r\nturn on the music\t2.5\r\n".encode("utf-8"))
-    assert read_hotwords_file(path, TOKENS) == (Hotword("save"), Hotword("turn on the music", 2.5))
+    assert read_hotwords_file(path, SPELLER.spellings) == (Hotword("save"), Hotword("turn on the music", 2.5))
 
 
 # ---- the search ------------------------------------------------------------------------------------------

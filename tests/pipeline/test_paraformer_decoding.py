@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.paraformer_decoding import (ParaformerOutput, cif_peaks, decode_paraformer, inference_peaks, postprocess,
+from pipeline.families.paraformer.decoding import (ParaformerOutput, cif_peaks, decode_paraformer, inference_peaks, postprocess,
                                          token_times_ms, torch_sum)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer" / "text_cases.json.gz"

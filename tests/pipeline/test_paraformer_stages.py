@@ -11,7 +11,7 @@ from pipeline.audio import encoder_frames, seconds_to_samples
 from pipeline.batching import Clip
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import UnwarmedShapeError
-from pipeline.paraformer_stages import container_for
+from pipeline.families.paraformer.stages import container_for
 from pipeline.shapes import DEFAULT_CPU_TOKEN_CONTAINERS, OPEN_STEP, token_containers
 
 CONTAINERS = (2.0, 8.0)
@@ -35,14 +35,14 @@ def engines(request, paraformer_model_dir):
 
 def test_every_decoder_session_is_warmed_and_the_output_does_not_change(engines) -> None:
     precision, engine, every_row = engines
-    sessions = engine._decoder.sessions
+    sessions = engine.runtime.decoder.sessions
     expected = {(seconds_to_samples(c), k) for c in CONTAINERS
                 for k in token_containers(encoder_frames(seconds_to_samples(c)), DEFAULT_CPU_TOKEN_CONTAINERS)}
     assert set(sessions) == expected and engine.ready and all(s.warmed for s in sessions.values())
     # On the CPU one prepacked session per graph serves every shape (each shape warmed through its runner).
     assert len({id(s.session) for s in sessions.values()}) == 1
-    assert len({id(s.session) for s in engine._sessions.values()}) == 1
-    assert set(every_row._decoder.sessions) == {(seconds_to_samples(c), encoder_frames(seconds_to_samples(c)) + 1)
+    assert len({id(s.session) for s in engine.runtime.sessions.sessions.values()}) == 1
+    assert set(every_row.runtime.decoder.sessions) == {(seconds_to_samples(c), encoder_frames(seconds_to_samples(c)) + 1)
                                                 for c in CONTAINERS}
     counts = []
     for seconds in LENGTHS:
@@ -63,7 +63,7 @@ def test_every_decoder_session_is_warmed_and_the_output_does_not_change(engines)
 
 def test_an_unwarmed_decoder_shape_is_refused_and_counted(engines) -> None:
     _, engine, _ = engines
-    session = next(iter(engine._decoder.sessions.values()))
+    session = next(iter(engine.runtime.decoder.sessions.values()))
     session.warmed = False
     try:
         with pytest.raises(UnwarmedShapeError, match="no session was warmed for the decoder on"):
@@ -76,8 +76,8 @@ def test_an_unwarmed_decoder_shape_is_refused_and_counted(engines) -> None:
 def test_without_shared_weights_every_shape_has_its_own_session(paraformer_model_dir) -> None:
     engine = Engine(paraformer_model_dir, EngineOptions(precision="int8", containers=(2.0,), share_weights=False,
                                                         token_containers=(8, 16))).load()
-    assert set(engine._decoder.sessions) == {(32000, 8), (32000, 16), (32000, 34)}
-    assert len({id(s.session) for s in engine._decoder.sessions.values()}) == 3
+    assert set(engine.runtime.decoder.sessions) == {(32000, 8), (32000, 16), (32000, 34)}
+    assert len({id(s.session) for s in engine.runtime.decoder.sessions.values()}) == 3
     audio = deterministic_waveform(1.5, seed=3)
     assert engine.transcribe(audio).text and engine.stats.unwarmed_calls == 0
 
@@ -95,7 +95,7 @@ def test_the_cpus_unwarmed_open_shapes_give_the_warmed_containers_output(parafor
     ladder = tuple(float(s) for s in range(1, 31))
     warmed = Engine(paraformer_model_dir, EngineOptions(device="cpu", precision=precision, containers=ladder)).load()
     assert opened.policy.step == OPEN_STEP and opened.containers == (30.0,)
-    assert list(opened._decoder.sessions) == [(seconds_to_samples(30.0), encoder_frames(seconds_to_samples(30.0)) + 1)]
+    assert list(opened.runtime.decoder.sessions) == [(seconds_to_samples(30.0), encoder_frames(seconds_to_samples(30.0)) + 1)]
     for seconds in OPEN_LENGTHS:
         audio = deterministic_waveform(seconds, seed=int(seconds * 100))
         ours, reference = opened.infer([Clip(audio)])[0], warmed.infer([Clip(audio)])[0]

@@ -6,7 +6,7 @@ tokenizer files):
              parse_asr_output's language and text, with and without a forced language
     repeat   detect_and_fix_repetitions
     prompt   the prompt ids of a context (hotwords) and a forced language (Cantonese: a name of two tokens):
-             the package's processor on its chat template, against our BPE (pipeline/qwen3_bpe.py), the
+             the package's processor on its chat template, against our BPE (pipeline/families/qwen3_asr/bpe.py), the
              exporter's template and forced-language ids, and our prompt builder
 The tokens come into our side the way an export writes them (export/qwen3_checkpoint.py: tokens.txt's list,
 the added and special ids from tokenizer_config.json's flags).
@@ -21,10 +21,10 @@ import pytest
 
 from export.qwen3_checkpoint import prompt_ids as template_ids
 from export.qwen3_checkpoint import token_list, tokenizer_ids
-from pipeline.qwen3_bpe import Qwen3Tokenizer
-from pipeline.qwen3_context import SYSTEM_TURN
-from pipeline.qwen3_decoding import prompt_ids
-from pipeline.qwen3_text import LANGUAGE_CODES, fix_repetitions, parse_output, qwen3_transcript, token_text
+from pipeline.families.qwen3_asr.bpe import Qwen3Tokenizer
+from pipeline.families.qwen3_asr.context import SYSTEM_TURN
+from pipeline.families.qwen3_asr.decoding import prompt_ids
+from pipeline.families.qwen3_asr.text import LANGUAGE_CODES, fix_repetitions, parse_output, qwen3_transcript, token_text
 
 FIXTURE = json.loads(gzip.decompress((Path(__file__).resolve().parents[1] / "fixtures" / "qwen3_text.json.gz")
                                      .read_bytes()))

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from pipeline.audio import SAMPLE_RATE, encoder_frames, seconds_to_samples
 from pipeline.engine_options import EngineOptions, shape_plan
+from pipeline.families import PARAFORMER, SENSEVOICE
 from pipeline.shapes import (DEFAULT_CPU_CONTAINERS, DEFAULT_GPU_CONTAINERS, OPEN_STEP, ShapePolicy, open_token_container,
                              parse_containers, token_containers)
 
@@ -72,18 +73,18 @@ def test_an_open_policy_keeps_its_bounds():
 def test_accelerators_plan_a_handful_of_closed_shapes(device):
     """Accelerators compile per shape (DirectML) or capture graphs (CUDA): their plan stays a few warmed
     shapes, never open, so a shape outside it is refused (unwarmed_calls), never run."""
-    for architecture in ("paraformer", "sensevoice"):
-        policy, ladder = shape_plan(EngineOptions(), device, architecture)
+    for family in (PARAFORMER, SENSEVOICE):
+        policy, ladder = shape_plan(EngineOptions(), device, family)
         assert policy.containers == DEFAULT_GPU_CONTAINERS and policy.step == 0
         decoder = [k for size in policy.sizes for k in token_containers(encoder_frames(size), ladder)]
         assert len(policy.sizes) + len(decoder) <= 8
 
 
 def test_the_cpu_plans_open_shapes_for_a_paraformer_only():
-    policy, ladder = shape_plan(EngineOptions(), "cpu", "paraformer")
+    policy, ladder = shape_plan(EngineOptions(), "cpu", PARAFORMER)
     assert policy.step == OPEN_STEP and policy.containers == (30.0,) and ladder == ()
     assert [token_containers(encoder_frames(size), ladder) for size in policy.sizes] == [(501,)]  # one warmed
     for options in (EngineOptions(containers=(1.0, 2.0)), EngineOptions(token_containers=(8, 16)),
                     EngineOptions(share_weights=False)):  # explicit shapes, or a session per shape: all warmed
-        assert shape_plan(options, "cpu", "paraformer")[0].step == 0
-    assert shape_plan(EngineOptions(), "cpu", "sensevoice")[0] == ShapePolicy(DEFAULT_CPU_CONTAINERS)
+        assert shape_plan(options, "cpu", PARAFORMER)[0].step == 0
+    assert shape_plan(EngineOptions(), "cpu", SENSEVOICE)[0] == ShapePolicy(DEFAULT_CPU_CONTAINERS)

@@ -13,7 +13,7 @@ import soundfile
 from pipeline.audio import SAMPLE_RATE
 from pipeline.transcript import TokenTiming, Transcript, after_context, before_cut, starting_at
 from pipeline.segmenter import Segmenter, SegmenterOptions, SegmentFinished
-from pipeline.decoding import transcript_from_runs
+from pipeline.families.sensevoice.decoding import transcript_from_runs
 from pipeline.segmenter import PartialDue
 from pipeline.trim import (CONTEXT_SECONDS, DIGITAL_SILENCE, JOIN_SILENCE, MAX_SAID_CHAIN, ONSET_LAG, SOUND_SCAN_BLOCK,
                            STREAM_START_LEAD, Context, Continuation, Said, for_model, prepared, segments_in, sound_end,

@@ -1,4 +1,4 @@
-"""Hotwords on Qwen3-ASR: the context of its prompt (pipeline/qwen3_context.py), end to end.
+"""Hotwords on Qwen3-ASR: the context of its prompt (pipeline/families/qwen3_asr/context.py), end to end.
 
 The model is the `qwen-asr` package's tiny Qwen3-ASR (random weights) in Qwen's released layout with a small
 byte-level BPE tokenizer (tests/qwen3_released.py), exported from that checkpoint (conftest's
@@ -19,11 +19,12 @@ from clients.client import connect
 from pipeline.audio import SAMPLE_RATE
 from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import ProtocolError
-from pipeline.hotwords import make_hotword, parse_hotwords, read_model_hotwords
+from pipeline.families import read_model_hotwords
+from pipeline.hotwords import make_hotword, parse_hotwords
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_bpe import model_tokenizer
-from pipeline.qwen3_context import SYSTEM_TURN, ContextEncoder, Qwen3Context
-from pipeline.qwen3_decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, prompt_ids
+from pipeline.families.qwen3_asr.bpe import model_tokenizer
+from pipeline.families.qwen3_asr.context import SYSTEM_TURN, ContextEncoder, Qwen3Context
+from pipeline.families.qwen3_asr.decoding import GRAPHS, Qwen3Decoder, Qwen3Shapes, prompt_ids
 from server_testkit import wav16
 
 PHRASE = "turn on the kitchen lights"
@@ -55,7 +56,7 @@ def test_hotwords_become_the_prompts_context(engine, qwen3_released_model_dir, s
     tokens = direct.decode(clip, system=context.system).tokens
     assert biased.text == engine.transcribe(clip, hotwords=context).text  # deterministic
     assert tokens != direct.decode(clip).tokens and biased.text != plain.text
-    from pipeline.qwen3_text import qwen3_transcript
+    from pipeline.families.qwen3_asr.text import qwen3_transcript
 
     assert biased.text == qwen3_transcript(tokens, directory.tokens, None, frozenset(prompt["special_ids"])).text
     assert engine.stats.unwarmed_calls == 0  # the prompt with a context runs at the warmed shapes

@@ -19,8 +19,8 @@ from pipeline.engine import Engine, EngineOptions
 from pipeline.errors import InferenceError, ProtocolError
 from pipeline.hotwords import parse_hotwords
 from pipeline.modeldir import read_model_directory
-from pipeline.qwen3_decoding import serving_overrides
-from pipeline.qwen3_text import fix_repetitions, parse_output, token_text
+from pipeline.families.qwen3_asr.decoding import serving_overrides
+from pipeline.families.qwen3_asr.text import fix_repetitions, parse_output, token_text
 from server.protocol import Done, Final
 from server_testkit import http_get, wav16
 
@@ -197,8 +197,8 @@ async def test_realtime_commit_and_funasr_2pass(serve_test_server, qwen3_model_d
 ])
 def test_ladder_of_whole_windows(qwen3_model_dir, device, containers, expected):
     from pipeline.modeldir import read_model_directory
-    from pipeline.qwen3_decoding import Qwen3Shapes, rung_shapes, window_geometry
-    from pipeline.qwen3_engine import CPU_CACHE_STEP, CPU_PROMPT_STEP, qwen3_ladder
+    from pipeline.families.qwen3_asr.decoding import Qwen3Shapes, rung_shapes, window_geometry
+    from pipeline.families.qwen3_asr.runtime import CPU_CACHE_STEP, CPU_PROMPT_STEP, qwen3_ladder
 
     dims = read_model_directory(qwen3_model_dir).manifest.dimensions
     ladder = qwen3_ladder(dims, device, containers)

@@ -26,9 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
+from ...audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
 from .decoding import transcript_from_runs
-from .transcript import Transcript
+from ...transcript import Transcript
 from .hotwords import ContextGraph, ContextState
 
 DEFAULT_BEAM = 4

@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .audio import OUTPUT_FRAME_SECONDS
-from .decoding import TokenTiming, Transcript
+from ...audio import OUTPUT_FRAME_SECONDS
+from ...transcript import TokenTiming, Transcript
 
 
 FILTERED_IDS = (0, 1, 2)  # Paraformer.inference drops blank_id, sos and eos (its defaults) before anything

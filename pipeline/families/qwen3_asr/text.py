@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from typing import Collection, Sequence
 
-from .transcript import Transcript
-from .qwen3_bpe import byte_decoder
+from ...transcript import Transcript
+from .bpe import byte_decoder
 
 ASR_TEXT_TAG = "<asr_text>"
 LANGUAGE_PREFIX = "language "

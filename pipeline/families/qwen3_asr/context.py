@@ -6,7 +6,7 @@ encodes the text between the control tokens as one string: "system\\n" and the c
 that starts with a newline changes the newline's token). Here the hotwords (and an OpenAI request's
 `prompt`) become that context: the prompt first, then the hotwords joined by HOTWORD_SEPARATOR (a boost has
 no meaning for a prompt: the model weighs the context itself). The ids come from the model directory's own
-tokenizer (pipeline/qwen3_bpe.py: tokens.txt and merges.txt), and must fit the room the export kept in the
+tokenizer (pipeline/families/qwen3_asr/bpe.py: tokens.txt and merges.txt), and must fit the room the export kept in the
 prompt (PromptTokens.context_tokens: the prompt keeps its fixed, warmed shape); a context that does not
 fit, or holds the model's control tokens, is refused with bad_start.
 """
@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .errors import ProtocolError
-from .hotwords import Hotword
-from .modeldir import ModelDirectory
-from .qwen3_bpe import MERGES_FILE, Qwen3Tokenizer, model_tokenizer
-from .qwen3_decoding import CONTEXT_AT
+from ...errors import ProtocolError
+from ...hotwords import Hotword
+from ...modeldir import ModelDirectory
+from .bpe import MERGES_FILE, Qwen3Tokenizer, model_tokenizer
+from .decoding import CONTEXT_AT
 
 SYSTEM_TURN = "system\n"  # the system turn's text before the context: prefix[1:context_at]
 HOTWORD_SEPARATOR = ", "

@@ -1,6 +1,6 @@
 """A Paraformer on fixed shapes in two stages, so that the decoder's cost follows the tokens, not the frames.
 
-    stage one   encoder + CIF (the manifest's `files`): the engine's grid, one shape per audio container
+    stage one   encoder + CIF (the manifest's `files`): the session grid (pipeline/grid.py), one shape per audio container
     stage two   the decoder (`decoder_files`): one shape per (audio container, token container), created
                 and warmed with stage one. Stage one's CIF count picks the smallest token container K that
                 holds it (pipeline/shapes.py: GPUs 16, 32, 64, 128, 256; the CPU 8 ... 448 in steps of at
@@ -23,21 +23,21 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from .audio import encoder_frames, samples_to_seconds
-from .modeldir import PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
-from .paraformer_decoding import ParaformerOutput
-from .providers import ProviderConfig, SessionRunner
-from .sessions import create_session, open_runner, runner_on
-from .shapes import open_token_container, token_containers
+from ...audio import encoder_frames, samples_to_seconds
+from ...modeldir import PARAFORMER_DECODER_INPUT_NAMES, PARAFORMER_DECODER_OUTPUT_NAMES
+from .decoding import ParaformerOutput
+from ...providers import ProviderConfig, SessionRunner
+from ...sessions import create_session, open_runner, runner_on
+from ...shapes import open_token_container, token_containers
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]  # (audio container in samples, token container in rows)
-RunSession = Callable[[SessionRunner, dict, tuple], list]  # the engine's _infer (counts, faults, recovery)
+RunSession = Callable[[SessionRunner, dict, tuple], list]  # Engine.infer_session (counts, faults, recovery)
 
 
 def decoder_feed(first: dict[str, np.ndarray], row: int, tokens: int) -> dict[str, np.ndarray]:
@@ -61,15 +61,15 @@ class DecoderGrid:
 
     @classmethod
     def build(cls, path: Path, sizes: tuple[int, ...], ladder: tuple[int, ...], config: ProviderConfig,
-              threads: int, one_session: bool, device_id: int, stats: object = None) -> DecoderGrid:
-        """A runner for every (container, token container) pair: on one session (the CPU, see
-        sessions.runner_on) or one session each; ModelLoadError/ProviderError."""
+              threads: int, one_session: bool, device_id: int, family: Any, stats: object = None) -> DecoderGrid:
+        """A runner for every (container, token container) pair of `family`'s decoder graph: on one session
+        (the CPU, see sessions.runner_on) or one session each; ModelLoadError/ProviderError."""
         keys = [(size, k) for size in sizes for k in token_containers(encoder_frames(size), ladder)]
         if one_session:
-            base = create_session(path, 1, 0, config, threads, {}, device_id, "paraformer", tokens=1)
+            base = create_session(path, 1, 0, config, threads, {}, device_id, family, tokens=1)
             sessions = {(size, k): runner_on(base, 1, size) for size, k in keys}
         else:
-            sessions = {(size, k): create_session(path, 1, size, config, threads, {}, device_id, "paraformer", tokens=k)
+            sessions = {(size, k): create_session(path, 1, size, config, threads, {}, device_id, family, tokens=k)
                         for size, k in keys}
         log.info("paraformer decoder: %d shapes (token containers %s)", len(sessions),
                  "; ".join(f"{samples_to_seconds(size):g} s: {','.join(str(k) for s, k in sessions if s == size)}"

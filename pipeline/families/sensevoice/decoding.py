@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
-from .transcript import TokenTiming, Transcript, merge_words
+from ...audio import OUTPUT_FRAME_SECONDS, PROMPT_FRAMES
+from ...transcript import TokenTiming, Transcript, merge_words
 
 LANGUAGES = frozenset({"zh", "en", "yue", "ja", "ko", "nospeech", "auto"})
 EMOTIONS = frozenset({"HAPPY", "SAD", "ANGRY", "NEUTRAL", "FEARFUL", "DISGUSTED", "SURPRISED", "EMO_UNKNOWN"})

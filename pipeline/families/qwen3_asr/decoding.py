@@ -6,7 +6,7 @@ prefill at `prompt_slots`, each step at `cache_slots`; or, where `prompt_step` a
 `prompt_step`s and each step over the cache slots in use rounded up to whole `cache_step`s: their cost
 grows with those lengths, and their logits do not depend on them (padding invariance, `verify`). The
 prompt is the chat template around as many audio placeholders as the clip has audio tokens (a context's
-tokens in its system turn, within the room the export keeps: pipeline/qwen3_context.py), padded to
+tokens in its system turn, within the room the export keeps: pipeline/families/qwen3_asr/context.py), padded to
 `prompt_slots`; the step's keys and values go to cache slot `position` here on the host (the graph returns
 them; no in-graph scatter). Decoding stops at an end-of-text id, at `max_new_tokens`, or when the cache is
 full.
@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .audio import SAMPLE_RATE
+from ...audio import SAMPLE_RATE
 
 ENCODER, PREFILL, STEP = "encoder", "prefill", "step"
 GRAPHS = (ENCODER, PREFILL, STEP)
@@ -121,7 +121,7 @@ def prompt_capacity(prompt: dict, audio_tokens: int) -> int:
 
 def prompt_prefix(prompt: dict, system: Sequence[int] | None = None) -> list[int]:
     """The template's ids before the audio; `system`: the ids of the system turn's text with a context
-    (pipeline/qwen3_context.py), in place of the text alone (prefix[1:context_at])."""
+    (pipeline/families/qwen3_asr/context.py), in place of the text alone (prefix[1:context_at])."""
     if system is None:
         return list(prompt["prefix"])
     return [prompt["prefix"][0], *system, *prompt["prefix"][prompt.get("context_at", CONTEXT_AT):]]
