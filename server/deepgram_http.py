@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -27,7 +27,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.errors import AudioFormatError, ProtocolError
+from pipeline.errors import AudioFormatError
 from pipeline.json_text import loads_shallow
 
 from .audio_file import BLOCK_SECONDS, file_blocks, mono_blocks, open_audio
@@ -88,19 +88,6 @@ def check_handshake(app: Server, connection: ServerConnection, request: Request)
     connection.authenticated = True  # type: ignore[attr-defined]
     connection.deepgram = (options, request_id)  # type: ignore[attr-defined]
     return None
-
-
-def hotword_graph(app: Server, options: ListenOptions, who: str) -> Any:
-    """keywords and keyterm with the server's hotwords; words the model cannot spell are skipped (logged),
-    as FunASR's door does: one client configuration serves every model."""
-    words = []
-    for word in options.hotwords:
-        try:
-            app.engine.hotword_graph((word,))
-            words.append(word)
-        except ProtocolError as exc:
-            log.info("%s: hotword skipped: %s", who, exc)
-    return app.hotword_graph(tuple(words)) if words else app.server_hotword_graph
 
 
 def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
@@ -166,7 +153,7 @@ class DeepgramFile(FileTranscription):
             if request.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json":
                 body = await self._fetch(_url_of(body))
             channels = await asyncio.to_thread(self._channel_count, body)
-            self.hotwords = hotword_graph(self.app, self.options, f"deepgram request {self.id}")
+            self.hotwords = self.app.lenient_hotword_graph(self.options.hotwords, f"deepgram request {self.id}", log)
             utterances: list[Utterance] = []
             for channel in range(channels if self.options.multichannel else 1):
                 self._samples = 0

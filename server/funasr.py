@@ -182,7 +182,10 @@ class FunasrConnection(StreamConnection):
         self._input += 1
         self._reset_input()
         self.outbox.discard_partial(1 << 62)
-        self._hotwords = self._hotword_graph(config.hotwords)
+        # FunASR's word-weight hotwords (bad_start when malformed); as FunASR does, those the model cannot spell
+        # are skipped, not refused
+        self._hotwords = self.app.lenient_hotword_graph(parse_word_weights(config.hotwords),
+                                                        f"funasr session {self.id}", self.log)
         if config.unknown:
             self.log.debug("funasr session %s: ignoring unknown field(s) %s", self.id, ", ".join(config.unknown))
         options = self.app.segmenter_options
@@ -263,18 +266,6 @@ class FunasrConnection(StreamConnection):
     def _job_options(self) -> dict[str, Any]:
         return {"deliver": functools.partial(self._on_input_result, self._input), "language": self.config.svs_lang,
                 "itn": self._itn(), "hotwords": self._hotwords}
-
-    def _hotword_graph(self, value: Any) -> Any:
-        """FunASR's word-weight hotwords (bad_start when malformed). Like FunASR, words the model cannot
-        spell are skipped (logged), not refused: its clients send one list to every model."""
-        words = []
-        for word in parse_word_weights(value):
-            try:
-                self.app.engine.hotword_graph((word,))
-                words.append(word)
-            except ProtocolError as exc:
-                self.log.info("funasr session %s: hotword skipped: %s", self.id, exc)
-        return self.app.hotword_graph(tuple(words))
 
     def _itn(self) -> bool:
         if not self.config.use_itn:

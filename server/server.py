@@ -21,7 +21,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 
 from pipeline.engine import Engine, EngineOptions
-from pipeline.errors import OverloadError
+from pipeline.errors import OverloadError, ProtocolError
 from pipeline.hotwords import Hotword, merge_hotwords, read_model_hotwords
 from pipeline.modeldir import ModelManifest, read_model_directory
 from pipeline.segmenter import SegmenterOptions
@@ -145,6 +145,19 @@ class Server:
     def server_hotword_graph(self) -> Any:
         """The server's hotwords alone, built once: for the OpenAI endpoints, whose requests bring none."""
         return self.hotword_graph(())
+
+    def lenient_hotword_graph(self, words: tuple[Hotword, ...], who: str, log: logging.Logger) -> Any:
+        """hotword_graph() of the words the model can spell: the others are skipped and logged on `log` (`who`:
+        how the line names the stream or request), not refused, so one client configuration serves every
+        model (FunASR's and Deepgram's doors, whose clients send one list to any model, as FunASR does)."""
+        spelled = []
+        for word in words:
+            try:
+                self.engine.hotword_graph((word,))
+                spelled.append(word)
+            except ProtocolError as exc:
+                log.info("%s: hotword skipped: %s", who, exc)
+        return self.hotword_graph(tuple(spelled)) if spelled else self.server_hotword_graph
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         """/readyz: 503 while warming up, shutting down or full; else 200. Always JSON."""
