@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -88,16 +88,6 @@ def check_handshake(app: Server, connection: ServerConnection, request: Request)
     connection.authenticated = True  # type: ignore[attr-defined]
     connection.deepgram = (options, request_id)  # type: ignore[attr-defined]
     return None
-
-
-def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
-    """"token" for a browser's Deepgram stream (its key rides in the next subprotocol); else Realtime's."""
-    from .realtime_handshake import select_subprotocol as realtime
-
-    request = connection.request
-    if request is not None and urlsplit(request.path).path == LISTEN_PATH:
-        return TOKEN_SUBPROTOCOL if TOKEN_SUBPROTOCOL in offered else None
-    return realtime(connection, offered)
 
 
 def get_response(app: Server, connection: ServerConnection, request: Request) -> Response | None:

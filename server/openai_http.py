@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import h11
 from websockets.asyncio.server import ServerConnection
@@ -24,11 +25,12 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.errors import AudioFormatError, ProtocolError
 
 from .audio_file import audio_blocks, no_samples, open_audio
-from .http import client_address, json_response, note_client_address, request_token, token_refusal
+from .http import client_address, json_response, note_client_address, request_token, response, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
 from .protocol import STREAM_PATH, Final, TokenTime
+from .realtime_events import REALTIME_PATH
 from .uploads import MAX_UPLOAD_BYTES, FileTranscription, UploadError, invalid_file, unless_client_leaves
 
 if TYPE_CHECKING:
@@ -77,8 +79,13 @@ def check_path(method: str, path: str) -> None:
                        f"POST {TRANSCRIPTIONS_PATH} to upload a file")
 
 
-def get_response(app: Server, connection: ServerConnection, request: Request, path: str) -> Response:
-    """GET /v1/models and /v1/models/<id> (websockets' process_request answers these)."""
+def get_response(app: Server, connection: ServerConnection, request: Request) -> Response:
+    """A GET under /v1/ that no other door claims: /v1/models and /v1/models/<id>, else OpenAI's 404 or 405
+    (websockets' process_request answers these)."""
+    path = urlsplit(request.path).path
+    if request.headers.get("Upgrade", "").lower() == "websocket":  # e.g. /v1/streamx: the hint `/foo` gets
+        return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH} "
+                             f"(or {REALTIME_PATH} for OpenAI Realtime)\n")
     try:
         check_origin(app, request.headers)
         authorize(app, connection, request)
