@@ -19,6 +19,7 @@ from pipeline.shapes import ShapePolicy, format_containers
 from pipeline.segmenter_options import SegmenterOptions, fit_to_container, validate_options
 
 from .access import FORWARDED_ALLOW_IPS_ENV, proxy_networks
+from .doors import DOORS
 from .protocol import DEFAULT_PORT
 
 # The demo model that ships with the repository (models/demo next to this package).
@@ -119,10 +120,9 @@ def validate_config(config: ServerConfig) -> ServerConfig:
             raise ValueError(message)
 
     check(0 <= config.port <= 65535, f"--port must be 0-65535, got {config.port}")
-    check(config.funasr_port is None or 0 <= config.funasr_port <= 65535,
-          f"--funasr-port must be 0-65535, got {config.funasr_port}")
-    check(config.wyoming_port is None or 0 <= config.wyoming_port <= 65535,
-          f"--wyoming-port must be 0-65535, got {config.wyoming_port}")
+    for field in (door.port for door in DOORS if door.port is not None):  # --funasr-port, --wyoming-port
+        port = getattr(config, field)
+        check(port is None or 0 <= port <= 65535, f"--{field.replace('_', '-')} must be 0-65535, got {port}")
     resolve_device(config.device)  # ValueError naming --device or INFERENCE_DEVICE
     check(config.precision in PRECISION_CHOICES,
           f"--precision must be one of {', '.join(PRECISION_CHOICES)}, got {config.precision!r}")

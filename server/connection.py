@@ -9,10 +9,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.http11 import Request, Response
 
 from pipeline.errors import AudioFormatError, ProtocolError, UnipadError
 from pipeline.stream import StreamSession
 
+from .http import check_handshake_token
 from .protocol import (CLOSE_GOING_AWAY, CLOSE_NORMAL, Done, Error, Final, Partial, Ready, Start, Stop, TokenTime, encode,
                        parse_client_message)
 from .streaming import FLOOD_BURST, FLOOD_RATE, MAX_FINALS_IN_FLIGHT  # noqa: F401 - re-exported (tests)
@@ -21,6 +23,11 @@ from .worker import Job
 
 if TYPE_CHECKING:
     from .server import Server
+
+
+def check_handshake(app: Server, connection: ServerConnection, request: Request) -> Response | None:
+    """The stream's handshake: the token policy, where a missing token may still come in `start`."""
+    return check_handshake_token(app, connection, request, "a stream")
 
 
 class Connection(StreamConnection):

@@ -1,9 +1,9 @@
 """Deepgram pre-recorded transcription on the stream port: POST /v1/listen with the audio as the body.
 
 The body is any format server/audio_file.py reads (WAV, FLAC, OGG, MP3, ...), or raw audio when the query
-names an `encoding` (with sample_rate). Segmented and decoded as OpenAI's uploads are (server/openai_http.py's
-FileTranscription: the same VAD, BATCH jobs taking turns with live streams, one session against
---max-sessions); with multichannel=true each channel is its own pass. The answer is Deepgram's response
+names an `encoding` (with sample_rate). Segmented and decoded as every door's uploads are (server/uploads.py:
+the same VAD, BATCH jobs taking turns with live streams, one session against --max-sessions); with
+multichannel=true each channel is its own pass. The answer is Deepgram's response
 (server/deepgram_shapes.py); `utterances=true` adds results.utterances. A JSON body naming a `url` is
 refused unless the server runs with --fetch-urls: by default it makes no requests to addresses a client
 names (a server-side request forgery). Errors are Deepgram's error body.
@@ -17,7 +17,7 @@ import itertools
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import h11
@@ -27,7 +27,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.errors import AudioFormatError, OverloadError, ProtocolError
+from pipeline.errors import AudioFormatError
 from pipeline.json_text import loads_shallow
 
 from .audio_file import BLOCK_SECONDS, file_blocks, mono_blocks, open_audio
@@ -36,8 +36,7 @@ from .deepgram_shapes import (LISTEN_PATH, MAX_CHANNELS, TOKEN_SUBPROTOCOL, Deep
                               parse_listen_query, prerecorded_body, response_metadata, sha256_hex)
 from .http import client_address, json_response, note_client_address, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
-from .openai_http import MAX_UPLOAD_BYTES, FileTranscription
-from .openai_shapes import ApiError
+from .uploads import MAX_UPLOAD_BYTES, FileTranscription, UploadError, unless_client_leaves
 
 if TYPE_CHECKING:
     from .server import Server
@@ -91,29 +90,6 @@ def check_handshake(app: Server, connection: ServerConnection, request: Request)
     return None
 
 
-def hotword_graph(app: Server, options: ListenOptions, who: str) -> Any:
-    """keywords and keyterm with the server's hotwords; words the model cannot spell are skipped (logged),
-    as FunASR's door does: one client configuration serves every model."""
-    words = []
-    for word in options.hotwords:
-        try:
-            app.engine.hotword_graph((word,))
-            words.append(word)
-        except ProtocolError as exc:
-            log.info("%s: hotword skipped: %s", who, exc)
-    return app.hotword_graph(tuple(words)) if words else app.server_hotword_graph
-
-
-def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
-    """"token" for a browser's Deepgram stream (its key rides in the next subprotocol); else Realtime's."""
-    from .realtime_handshake import select_subprotocol as realtime
-
-    request = connection.request
-    if request is not None and urlsplit(request.path).path == LISTEN_PATH:
-        return TOKEN_SUBPROTOCOL if TOKEN_SUBPROTOCOL in offered else None
-    return realtime(connection, offered)
-
-
 def get_response(app: Server, connection: ServerConnection, request: Request) -> Response | None:
     """GET /v1/listen: the WebSocket handshake (server/deepgram_live.py), or a 405 for a plain GET."""
     if request.headers.get("Upgrade", "").lower() == "websocket":
@@ -133,17 +109,11 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
         query = request.path.partition("?")[2]
         options = parse_listen_query(query, app.model.manifest.languages)
         authorize(app, exchange.connection, request.headers, query)
-        work = asyncio.ensure_future(DeepgramFile(app, exchange, options, request_id).run(request))
-        lost = exchange.connection.connection_lost_waiter
-        await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            work.cancel()
-            log.info("deepgram request from %s: the client went away", client_address(exchange.connection))
-            return
-        work.result()
+        await unless_client_leaves(exchange, DeepgramFile(app, exchange, options, request_id).run(request), log,
+                                   "deepgram")
     except DeepgramError as exc:
         await _answer(exchange, exc, request_id)
-    except ApiError as exc:  # from the shared upload machinery: the same status, Deepgram's body
+    except UploadError as exc:  # from the shared upload machinery: the same status, Deepgram's body
         await _answer(exchange, DeepgramError(exc.status, exc.message, exc.code or "Bad Request"), request_id)
     except h11.RemoteProtocolError as exc:
         await _answer(exchange, DeepgramError(400, f"malformed HTTP request: {exc}"), request_id)
@@ -166,25 +136,19 @@ class DeepgramFile(FileTranscription):
         super().__init__(app, exchange)
         self.options, self.request_id = options, request_id
 
-    async def run(self, request: HttpRequest) -> None:  # type: ignore[override]
-        try:  # counted like a stream from before its body is read (as OpenAI's upload: server/openai_http.py)
-            self.app.admit(self)  # type: ignore[arg-type]
-        except OverloadError as exc:
-            raise DeepgramError(503, str(exc), "SERVICE_UNAVAILABLE") from None
-        try:
+    async def run(self, request: HttpRequest) -> None:
+        # counted like a stream from before its body is read, as every door's upload (server/uploads.py)
+        with self.admitted(functools.partial(DeepgramError, 503, code="SERVICE_UNAVAILABLE")):
             body = await self._body(request)
             if request.headers.get("Content-Type", "").split(";")[0].strip().lower() == "application/json":
                 body = await self._fetch(_url_of(body))
             channels = await asyncio.to_thread(self._channel_count, body)
-            self.hotwords = hotword_graph(self.app, self.options, f"deepgram request {self.id}")
+            self.hotwords = self.app.lenient_hotword_graph(self.options.hotwords, f"deepgram request {self.id}", log)
             utterances: list[Utterance] = []
             for channel in range(channels if self.options.multichannel else 1):
                 self._samples = 0
                 blocks = self._blocks(body, channel)
                 utterances += await self._channel(blocks, channel)
-        finally:
-            self.app.release(self)  # type: ignore[arg-type]
-            self.app.worker.cancel_session(self.id)
         utterances.sort(key=lambda u: (u.start, u.channel))
         metadata = response_metadata(request_id=self.request_id, sha256=sha256_hex(body),
                                      duration=self._samples / SAMPLE_RATE, channels=channels,

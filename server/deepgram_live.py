@@ -33,7 +33,6 @@ from pipeline.stream import StreamSession
 from pipeline.trim import Continuation, prepared
 
 from .deepgram_audio import MAX_WAV_HEADER, PcmDecoder, read_wav_header
-from .deepgram_http import hotword_graph
 from .deepgram_shapes import (MAX_CHANNELS, ListenOptions, error_message, metadata_message, results, results_metadata,
                               speech_started, utterance_end)
 from .protocol import CLOSE_GOING_AWAY, CLOSE_NORMAL
@@ -115,7 +114,8 @@ class DeepgramConnection(StreamConnection):
 
     async def _serve(self) -> None:
         self._check_token(None, "with the handshake")
-        self._hotwords = hotword_graph(self.app, self.options, f"deepgram stream {self.id}")
+        self._hotwords = self.app.lenient_hotword_graph(self.options.hotwords, f"deepgram stream {self.id}",
+                                                        self.log)
         if self.options.ignored:
             self.log.debug("deepgram stream %s: accepted, not applied: %s", self.id, ", ".join(self.options.ignored))
         if self.options.encoding is not None:

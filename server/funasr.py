@@ -29,6 +29,7 @@ from pipeline.hotwords import parse_word_weights
 from pipeline.stream import StreamSession
 
 from .audio_file import audio_blocks, no_samples, open_audio
+from .config import tls_context
 from .funasr_protocol import (REALTIME_PCM_ONLY, SUBPROTOCOL, Control, FunasrConfig, ResultWriter, SegmentResult, Word,
                               ack_message, encode, end_message, error_message, final_message, parse_control)
 from .http import check_handshake_token, response
@@ -38,8 +39,6 @@ from .streaming import StreamConnection, check_text_size
 from .worker import Job
 
 if TYPE_CHECKING:
-    import ssl as ssl_module
-
     from .server import Server
 
 log = logging.getLogger(__name__)
@@ -48,19 +47,21 @@ MAX_FILE_BYTES = 64 << 20  # a file input (wav_format not pcm) is held whole unt
 FILE_FEED_SAMPLES = SAMPLE_RATE  # a decoded file goes to the segmenter 1 s at a time (backpressure between)
 
 
-async def start(app: Server, host: str, port: int, ssl: ssl_module.SSLContext | None) -> WebSocketServer:
-    """Listen for FunASR clients; the Server closes the returned listener on shutdown like its own."""
+async def start(app: Server) -> WebSocketServer:
+    """Listen for FunASR clients on --funasr-port (the stream port's host and TLS, and its worker, admission
+    control and metrics); the Server closes the returned listener on shutdown like its own."""
+    ssl = tls_context(app.config)
     server = await serve(
         functools.partial(_serve_connection, app),
-        host,
-        port,
+        app.config.host,
+        app.config.funasr_port,
         process_request=functools.partial(process_request, app),
         select_subprotocol=select_subprotocol,
         ssl=ssl,
         **listener_options(app.config),
     )
     app.funasr_port = server.sockets[0].getsockname()[1]  # the bound port (config may say 0)
-    log.info("FunASR runtime protocol on %s://%s:%d", "wss" if ssl else "ws", host, app.funasr_port)
+    log.info("FunASR runtime protocol on %s://%s:%d", "wss" if ssl else "ws", app.config.host, app.funasr_port)
     return server
 
 
@@ -182,7 +183,10 @@ class FunasrConnection(StreamConnection):
         self._input += 1
         self._reset_input()
         self.outbox.discard_partial(1 << 62)
-        self._hotwords = self._hotword_graph(config.hotwords)
+        # FunASR's word-weight hotwords (bad_start when malformed); as FunASR does, those the model cannot spell
+        # are skipped, not refused
+        self._hotwords = self.app.lenient_hotword_graph(parse_word_weights(config.hotwords),
+                                                        f"funasr session {self.id}", self.log)
         if config.unknown:
             self.log.debug("funasr session %s: ignoring unknown field(s) %s", self.id, ", ".join(config.unknown))
         options = self.app.segmenter_options
@@ -263,18 +267,6 @@ class FunasrConnection(StreamConnection):
     def _job_options(self) -> dict[str, Any]:
         return {"deliver": functools.partial(self._on_input_result, self._input), "language": self.config.svs_lang,
                 "itn": self._itn(), "hotwords": self._hotwords}
-
-    def _hotword_graph(self, value: Any) -> Any:
-        """FunASR's word-weight hotwords (bad_start when malformed). Like FunASR, words the model cannot
-        spell are skipped (logged), not refused: its clients send one list to every model."""
-        words = []
-        for word in parse_word_weights(value):
-            try:
-                self.app.engine.hotword_graph((word,))
-                words.append(word)
-            except ProtocolError as exc:
-                self.log.info("funasr session %s: hotword skipped: %s", self.id, exc)
-        return self.app.hotword_graph(tuple(words))
 
     def _itn(self) -> bool:
         if not self.config.use_itn:

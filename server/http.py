@@ -1,7 +1,8 @@
 """Plain HTTP on the WebSocket port: health, readiness, metrics and the browser page.
 
 `process_request` is websockets' hook that runs before the opening handshake: it answers HTTP paths
-itself and returns None for the stream path, which then becomes a WebSocket (after the token check).
+itself and leaves a door's path to its handshake check (server/doors.py), which returns None for a request
+that then becomes a WebSocket. `handle_body_request` and `select_subprotocol` route by the same table.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
@@ -20,7 +21,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from .access import FORWARDED_FOR, forwarded_client
-from .deepgram_shapes import LISTEN_PATH
+from .doors import door_for, load, post_door
 from .model_info import MODEL_CARD_PATH, MODEL_PATH, model_card, model_info
 from .protocol import STREAM_PATH
 
@@ -152,26 +153,14 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     """Route one handshake request: answer HTTP, or return None to accept the WebSocket."""
     note_client_address(app, connection, request.headers)
     path = urlsplit(request.path).path
-    if path.rstrip("/") == STREAM_PATH:  # "/v1/stream/" as typed or pasted: the stream, not OpenAI's 404
-        return check_handshake_token(app, connection, request, "a stream")
-    if path == MODEL_PATH:  # before /v1/ below, which is OpenAI's
+    if path == MODEL_PATH:  # before the doors: every other path under /v1/ is a door's (OpenAI's at the least)
         return json_response(200, model_info(app.model))
     if path == MODEL_CARD_PATH:
         card = model_card(app.model)
         return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")
-    if path == LISTEN_PATH:  # Deepgram's (docs/deepgram.md): before /v1/ below, which is OpenAI's
-        from . import deepgram_http
-
-        return deepgram_http.get_response(app, connection, request)
-    if path.startswith("/v1/"):  # OpenAI's API (docs/openai.md)
-        from . import openai_http, realtime_handshake
-
-        if path == realtime_handshake.REALTIME_PATH:
-            return realtime_handshake.check_handshake(app, connection, request)
-        if request.headers.get("Upgrade", "").lower() == "websocket":  # e.g. /v1/streamx: the hint `/foo` gets
-            return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH} "
-                                 f"(or {realtime_handshake.REALTIME_PATH} for OpenAI Realtime)\n")
-        return openai_http.get_response(app, connection, request, path)
+    door = door_for(path, "handshake")
+    if door is not None:
+        return load(door.handshake)(app, connection, request)
     answer = probe_response(app, path)
     if answer is not None:
         return answer
@@ -195,14 +184,17 @@ def probe_response(app: Server, path: str) -> Response | None:
 
 async def handle_body_request(app: Server, exchange: Any, request: Any) -> None:
     """A request that is not a GET (server/http_body.py): HEAD of a probe (`curl -I`, a monitor's check),
-    Deepgram's POST /v1/listen, else OpenAI's API."""
-    from . import deepgram_http, openai_http
-
+    else the POST handler of the door at its path (server/doors.py)."""
     probe = probe_response(app, urlsplit(request.path).path) if request.method == "HEAD" else None
     if probe is not None:
         await exchange.respond(probe.status_code, probe.body, probe.headers["Content-Type"])
         return
-    if request.path.split("?", 1)[0] == LISTEN_PATH:
-        await deepgram_http.handle(app, exchange, request)
-    else:
-        await openai_http.handle(app, exchange, request)
+    await load(post_door(request.path.split("?", 1)[0]).post)(app, exchange, request)
+
+
+def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
+    """The subprotocol to answer a WebSocket handshake with: the first of its door's (server/doors.py) that the
+    client offered (a browser's Deepgram stream offers "token" and its key; OpenAI's browser SDK "realtime")."""
+    request = connection.request
+    door = door_for(urlsplit(request.path).path, "stream") if request is not None else None
+    return next((name for name in door.subprotocols if name in offered), None) if door is not None else None

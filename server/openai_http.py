@@ -1,12 +1,9 @@
 """OpenAI's speech-to-text HTTP API on the stream port: POST /v1/audio/transcriptions, GET /v1/models.
 
 An upload is decoded block by block as it is segmented (server/audio_file.py: any format, rate and channel
-count soundfile reads; never the whole file at once), cut by the same VAD
-(StreamSession, no partials) and decoded by the same worker as live streams, as BATCH jobs: after every
-waiting final, taking turns with partials (server/worker.py), at most FILE_JOBS_IN_FLIGHT at a time, so a
-long file neither starves live streams nor fills the queue. It counts as one session against
---max-sessions while it runs. An upload that continues the same client's previous one in real time (a live
-client's VAD cut both from one stream) is heard after the end of that one (server/upload_sequence.py).
+count soundfile reads; never the whole file at once), by the upload machinery every door shares
+(server/uploads.py: the same VAD and worker as live streams, BATCH jobs, one session against
+--max-sessions, an upload continuing the same client's previous one heard after it).
 The shapes live in server/openai_shapes.py; POST bodies reach us through server/http_body.py. Errors are
 OpenAI's error object with the status its clients expect.
 """
@@ -14,33 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
-import uuid
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import h11
-import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
-from pipeline.audio import SAMPLE_RATE, AudioFormat
-from pipeline.errors import AudioFormatError, OverloadError, ProtocolError, UnipadError
-from pipeline.segmenter import SegmentFinished
-from pipeline.stream import StreamSession
-from pipeline.trim import Continuation, prepared, shifted, sound_end
+from pipeline.audio import SAMPLE_RATE
+from pipeline.errors import AudioFormatError, ProtocolError
 
 from .audio_file import audio_blocks, no_samples, open_audio
-from .http import client_address, json_response, note_client_address, request_token, token_refusal
+from .http import client_address, json_response, note_client_address, request_token, response, token_refusal
 from .http_body import BODY_TIMEOUT, BodyTooLarge, HttpExchange, HttpRequest
 from .openai_shapes import (CONTENT_TYPES, ApiError, TranscriptionForm, delta_event, done_event, full_text,
                             model_object, models_body, parse_form, response_body, sse)
 from .protocol import STREAM_PATH, Final, TokenTime
-from .upload_sequence import Upload
-from .worker import BATCH, Job
+from .realtime_events import REALTIME_PATH
+from .uploads import MAX_UPLOAD_BYTES, FileTranscription, UploadError, invalid_file, unless_client_leaves
 
 if TYPE_CHECKING:
     from .server import Server
@@ -50,16 +41,8 @@ log = logging.getLogger(__name__)
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 TRANSLATIONS_PATH = "/v1/audio/translations"  # not served: answered with why (docs/openai.md)
 MODELS_PATH = "/v1/models"
-MAX_UPLOAD_BYTES = 25 << 20  # OpenAI's own limit for this endpoint (25 MB); larger bodies get 413
-FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (the worker stays busy)
 FEED_SECONDS = 10  # an upload is decoded and segmented 10 s at a time, off the event loop
-JOB_TIMEOUT = 120.0  # seconds one segment may wait for the worker before the request fails (503)
 DEFAULT_LANGUAGE = "auto"
-Segment = tuple[Final, list[TokenTime]]  # a segment's final and its words
-
-
-def invalid_file(exc: AudioFormatError) -> ApiError:
-    return ApiError(400, f"Invalid file format: {exc}", param="file", code="invalid_file")
 
 
 def error_response(error: ApiError) -> Response:
@@ -96,8 +79,13 @@ def check_path(method: str, path: str) -> None:
                        f"POST {TRANSCRIPTIONS_PATH} to upload a file")
 
 
-def get_response(app: Server, connection: ServerConnection, request: Request, path: str) -> Response:
-    """GET /v1/models and /v1/models/<id> (websockets' process_request answers these)."""
+def get_response(app: Server, connection: ServerConnection, request: Request) -> Response:
+    """A GET under /v1/ that no other door claims: /v1/models and /v1/models/<id>, else OpenAI's 404 or 405
+    (websockets' process_request answers these)."""
+    path = urlsplit(request.path).path
+    if request.headers.get("Upgrade", "").lower() == "websocket":  # e.g. /v1/streamx: the hint `/foo` gets
+        return response(404, f"no WebSocket endpoint at {path}; use {STREAM_PATH} "
+                             f"(or {REALTIME_PATH} for OpenAI Realtime)\n")
     try:
         check_origin(app, request.headers)
         authorize(app, connection, request)
@@ -124,16 +112,12 @@ async def handle(app: Server, exchange: HttpExchange, request: HttpRequest) -> N
             raise ApiError(405, f"{request.method} is not allowed on {path}; use POST")
         check_origin(app, request.headers)
         authorize(app, exchange.connection, Request(request.path, request.headers))
-        work = asyncio.ensure_future(FileTranscription(app, exchange).run(request))
-        lost = exchange.connection.connection_lost_waiter
-        await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():  # the client went away: stop decoding its file (run() cancels its jobs)
-            work.cancel()
-            log.info("openai request from %s: the client went away", client_address(exchange.connection))
-            return
-        work.result()
+        await unless_client_leaves(exchange, OpenAIFile(app, exchange).run(request), log, "openai")
     except ApiError as exc:
         await answer_error(exchange, exc)
+    except UploadError as exc:  # from the shared upload machinery: OpenAI's error object
+        await answer_error(exchange, ApiError(exc.status, exc.message, "server_error" if exc.status >= 500 else
+                                              "invalid_request_error", exc.param, exc.code))
     except h11.RemoteProtocolError as exc:
         await answer_error(exchange, ApiError(400, f"malformed HTTP request: {exc}"))
     except (ConnectionError, asyncio.TimeoutError):
@@ -153,21 +137,8 @@ async def answer_error(exchange: HttpExchange, error: ApiError) -> None:
     await exchange.respond(error.status, json.dumps(error.body()) + "\n", "application/json")
 
 
-class FileTranscription:
-    """One upload from its body to its answer; admitted like a stream, its jobs cancelled when it ends."""
-
-    def __init__(self, app: Server, exchange: HttpExchange) -> None:
-        self.app = app
-        self.exchange = exchange
-        self.id = uuid.uuid4().hex[:12]
-        self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
-        self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
-        self.hotwords: Any = None  # the ContextGraph (Qwen3Context) its segments decode with; None: the server's
-        # The client (address, credentials, model, language) whose earlier upload this one may continue, and when
-        # it arrived (server/upload_sequence.py); None: it continues none (the Deepgram door, --no-join-uploads).
-        self.sequence_key: Hashable | None = None
-        self.arrival = 0.0
-        self.previous_arrival: float | None = None  # the same client's upload before it (the one it may continue)
+class OpenAIFile(FileTranscription):
+    """One POST /v1/audio/transcriptions: the upload machinery (server/uploads.py), OpenAI's form and answers."""
 
     async def run(self, request: HttpRequest) -> None:
         length = request.headers.get("Content-Length")
@@ -176,15 +147,8 @@ class FileTranscription:
                            code="file_too_large")
         # Counted like a stream from before its body is read: uploads in flight hold at most --max-sessions
         # bodies (each up to MAX_UPLOAD_BYTES), however many clients send one slowly.
-        try:
-            self.app.admit(self)  # type: ignore[arg-type]
-        except OverloadError as exc:
-            raise ApiError(503, str(exc), type="server_error", code="overloaded") from None
-        try:
+        with self.admitted(functools.partial(ApiError, 503, type="server_error", code="overloaded")):
             await self._run_admitted(request)
-        finally:
-            self.app.release(self)  # type: ignore[arg-type]
-            self.app.worker.cancel_session(self.id)
 
     async def _run_admitted(self, request: HttpRequest) -> None:
         try:
@@ -247,105 +211,3 @@ class FileTranscription:
 
     async def _start_events(self) -> None:
         await self.exchange.start_stream(200, "text/event-stream; charset=utf-8")
-
-    async def segment_results(self, blocks: Iterator[Any], language: str,
-                              timed_out: Callable[[str], Exception]) -> AsyncIterator[Segment]:
-        """Each segment's (final, words), in order, as the worker delivers them, while the blocks are segmented
-        and submitted (_submit_segments); `timed_out(message)` is raised when one takes longer than
-        JOB_TIMEOUT, the producer's own error after the last. Run it under contextlib.aclosing: leaving early
-        cancels the segments still queued (after a failure their results would go unread)."""
-        pending: asyncio.Queue[asyncio.Future[Segment] | None] = asyncio.Queue()
-        producer = asyncio.ensure_future(self._submit_segments(blocks, language, pending))
-        try:
-            while (future := await pending.get()) is not None:
-                try:
-                    result = await asyncio.wait_for(future, JOB_TIMEOUT)
-                except asyncio.TimeoutError:
-                    raise timed_out(f"no result from the model within {JOB_TIMEOUT:g} s; retry later") from None
-                self._slots.release()
-                yield result
-            await producer  # its error, if any
-        finally:
-            producer.cancel()
-            while not pending.empty():
-                if (left := pending.get_nowait()) is not None:
-                    left.cancel()
-
-    async def _submit_segments(self, blocks: Iterator[Any], language: str, pending: asyncio.Queue[Any]) -> None:
-        """Decode and segment the upload block by block (off the loop) and submit each segment,
-        FILE_JOBS_IN_FLIGHT at most at once; queue each one's future in order, then None. An upload that
-        continues an earlier one (server/upload_sequence.py) is placed after it on its timeline."""
-        try:
-            options = dataclasses.replace(self.app.segmenter_options, partial_interval=0.0)
-            session = StreamSession(AudioFormat(SAMPLE_RATE, "f32le", 1), options)
-            # a cut at the segment length limit falls inside speech: hear the end of the one before
-            continuation = Continuation(options) if self.app.engine.family.word_times else None
-            joining = continuation is not None and self.sequence_key is not None
-            block = await asyncio.to_thread(next, blocks, None)
-            following = None if block is None else await asyncio.to_thread(next, blocks, None)
-            # Where the upload starts on its timeline, and its samples up to its last sound: a client's digital
-            # silence after it (pipecat appends 0.5 s to each piece) is not part of the stream it was cut from.
-            offset, sound = 0.0, 0
-            while block is not None:
-                if joining:
-                    block_sound = sound_end(block)
-                    sound = self._samples + block_sound if block_sound else sound
-                    if not self._samples and following is None:  # a whole upload in one block: its length is known
-                        earlier = self.app.uploads.continued(self.sequence_key, self.arrival, sound / SAMPLE_RATE,
-                                                             self.previous_arrival)
-                        if earlier is not None:
-                            continuation, offset = earlier.continuation, earlier.end
-                            log.debug("an upload from %s continues the one before it", self.sequence_key[0])
-                events = await asyncio.to_thread(self._feed, block, session)
-                await self._submit_each(events, language, continuation, offset, pending)
-                block, following = following, (None if following is None else await asyncio.to_thread(next, blocks, None))
-            await self._submit_each(session.finish(), language, continuation, offset, pending)
-            if joining:
-                self.app.uploads.keep(Upload(self.sequence_key, self.arrival, round(offset + sound / SAMPLE_RATE, 6),
-                                             continuation.tail()))
-        except AudioFormatError as exc:  # found while decoding (a NaN sample)
-            raise invalid_file(exc) from None
-        finally:
-            pending.put_nowait(None)
-
-    async def _submit_each(self, events: list[Any], language: str, continuation: Continuation | None, offset: float,
-                           pending: asyncio.Queue[Any]) -> None:
-        for event in events:
-            if isinstance(event, SegmentFinished):
-                await self._slots.acquire()
-                pending.put_nowait(self._submit(shifted(event, offset) if offset else event, language, continuation,
-                                                offset))
-
-    def _feed(self, block: np.ndarray, session: StreamSession) -> list[Any]:
-        """One block of the file through the segmenter (on a thread)."""
-        self._samples += len(block)
-        return session.feed(block.astype("<f4").tobytes())
-
-    def _submit(self, event: SegmentFinished, language: str, continuation: Continuation | None,
-                offset: float = 0.0) -> asyncio.Future[Segment]:
-        """`event` on the upload's timeline (`offset` s from the upload's start); its answer in the upload's time."""
-        future: asyncio.Future[Segment] = asyncio.get_running_loop().create_future()
-        event, context, said = prepared(event, self.app.segmenter_options, continuation)
-
-        def deliver(job: Job, transcript: Any, error: UnipadError | None) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(ApiError(500, f"inference failed: {error}", type="server_error",
-                                              code=error.code))
-                return
-
-            def back(t: float) -> float:  # the timeline's seconds -> the upload's
-                return round(t - offset, 6) if offset else t
-            future.set_result((Final(  # the model's tokens, as a live stream's final has them
-                segment=job.segment, text=transcript.text, start=back(job.start), end=back(job.end),
-                language=transcript.language, emotion=transcript.emotion, event=transcript.event,
-                tokens=[TokenTime(t.text, back(t.start), back(t.end)) for t in transcript.tokens]),
-                [TokenTime(w.text, back(w.start), back(w.end)) for w in transcript.words]))
-
-        self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
-                                   end=event.end, audio_start=event.audio_start, audio=event.audio,
-                                   deliver=deliver, language=language,
-                                   hotwords=self.hotwords or self.app.server_hotword_graph,
-                                   context=context, said=said))
-        return future

@@ -29,6 +29,8 @@ from pipeline.errors import quoted
 from pipeline.json_text import loads_shallow
 from pipeline.segmenter_options import MIN_HOLD, SegmenterOptions
 
+REALTIME_PATH = "/v1/realtime"
+SUBPROTOCOL = "realtime"  # what OpenAI's browser SDK offers, with its key in "openai-insecure-api-key.<key>"
 RATES = (24000, 16000)
 DEFAULT_RATE = 24000
 THRESHOLD_MODES = ((0.15, 0), (0.3, 1), (0.5, 2))  # (below this threshold, webrtcvad mode); else 3

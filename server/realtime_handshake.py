@@ -1,8 +1,9 @@
-"""The OpenAI Realtime door's handshake: its path, its subprotocol, and the token policy with the key also
-accepted as OpenAI's browser SDK sends it (server/openai_realtime.py is the session behind it)."""
+"""The OpenAI Realtime door's handshake: the token policy with the key also accepted as OpenAI's browser SDK
+sends it (its path and subprotocol are server/realtime_events.py's; server/openai_realtime.py is the session
+behind it)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
@@ -13,13 +14,7 @@ from .http import check_handshake_token, client_address, response
 if TYPE_CHECKING:
     from .server import Server
 
-REALTIME_PATH = "/v1/realtime"
-SUBPROTOCOL = "realtime"  # what OpenAI's browser SDK offers, with its key in "openai-insecure-api-key.<key>"
-KEY_SUBPROTOCOL = "openai-insecure-api-key."
-
-
-def select_subprotocol(connection: ServerConnection, offered: Sequence[str]) -> str | None:
-    return SUBPROTOCOL if SUBPROTOCOL in offered else None
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # the browser SDK's key rides in a subprotocol: this, then the key
 
 
 def check_handshake(app: Server, connection: ServerConnection, request: Request) -> Response | None:

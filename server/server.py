@@ -1,6 +1,7 @@
 """`Server(config)`: startup, serving, graceful shutdown. WebSocket and HTTP share one port.
 
-    startup    listen at once (so /healthz answers), load and warm the engine on the worker thread
+    startup    listen at once (so /healthz answers; the doors with a port of their own on theirs, when
+               configured: server/doors.py), load and warm the engine on the worker thread
     serve      until SIGINT/SIGTERM (or `request_shutdown()`)
     shutdown   stop accepting; every open stream stops reading, gets the finals of the audio it already
                sent, `done`, and a 1001 close; after drain_timeout the rest are closed.
@@ -13,14 +14,13 @@ import asyncio
 import functools
 import logging
 import signal
-import ssl
 import threading
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
 from pipeline.engine import Engine, EngineOptions
-from pipeline.errors import OverloadError
+from pipeline.errors import OverloadError, ProtocolError
 from pipeline.families import family_of, read_model_hotwords
 from pipeline.hotwords import Hotword, merge_hotwords
 from pipeline.modeldir import ModelManifest, read_model_directory
@@ -31,8 +31,8 @@ from pipeline.vad import silero_session
 
 from .access import AuthFailures, install_redaction, proxy_networks
 from .config import ServerConfig, cost_tables, segmenter_options, tls_context
-from .connection import Connection
 from .costs import device_memory_used
+from .doors import DOORS, load, stream_door
 from .http import listening_urls, process_request
 from .logs import quiet_requests
 from .metrics import Metrics
@@ -64,15 +64,14 @@ def listener_options(config: ServerConfig) -> dict[str, Any]:
     )
 
 
-def openai_listener_options(app: Server) -> dict[str, Any]:
+def stream_port_options(app: Server) -> dict[str, Any]:
     """The stream port also takes POSTs (server/http_body.py, which applies the opening-handshake timeout
-    itself) and offers the Realtime and Deepgram endpoints' subprotocols."""
-    from .deepgram_http import select_subprotocol
-    from .http import handle_body_request
+    itself) and answers each door's subprotocol (server/doors.py)."""
+    from .http import handle_body_request, select_subprotocol
     from .http_body import connection_class
 
     return dict(create_connection=connection_class(functools.partial(handle_body_request, app)), open_timeout=None,
-                select_subprotocol=select_subprotocol)  # Deepgram's "token", else Realtime's
+                select_subprotocol=select_subprotocol)
 
 
 def engine_options(config: ServerConfig) -> EngineOptions:
@@ -90,7 +89,8 @@ def fit_segments(options: SegmenterOptions, manifest: ModelManifest) -> Segmente
 
 
 class Server:
-    """One listening port (plus the FunASR adapter's when configured), one engine, one worker thread."""
+    """One listening port (plus the port of each door that has one, when configured), one engine, one worker
+    thread."""
 
     def __init__(self, config: ServerConfig, engine: Any = None) -> None:
         """`engine`: an already built (not yet loaded) engine; default: Engine(config.model, ...)."""
@@ -143,6 +143,19 @@ class Server:
     def server_hotword_graph(self) -> Any:
         """The server's hotwords alone, built once: for the OpenAI endpoints, whose requests bring none."""
         return self.hotword_graph(())
+
+    def lenient_hotword_graph(self, words: tuple[Hotword, ...], who: str, log: logging.Logger) -> Any:
+        """hotword_graph() of the words the model can spell: the others are skipped and logged on `log` (`who`:
+        how the line names the stream or request), not refused, so one client configuration serves every
+        model (FunASR's and Deepgram's doors, whose clients send one list to any model, as FunASR does)."""
+        spelled = []
+        for word in words:
+            try:
+                self.engine.hotword_graph((word,))
+                spelled.append(word)
+            except ProtocolError as exc:
+                log.info("%s: hotword skipped: %s", who, exc)
+        return self.hotword_graph(tuple(spelled)) if spelled else self.server_hotword_graph
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         """/readyz: 503 while warming up, shutting down or full; else 200. Always JSON."""
@@ -206,36 +219,22 @@ class Server:
             self.config.host,
             self.config.port,
             process_request=functools.partial(process_request, self),
-            ssl=self._ssl_context(),
+            ssl=tls_context(self.config),
             **listener_options(self.config),
-            **openai_listener_options(self),
+            **stream_port_options(self),
         )
         self._listeners.append(server)
         self.port = server.sockets[0].getsockname()[1]
         stream_url, page_url = listening_urls(self.config.host, self.port, tls=self.config.certfile is not None)
         log.info("listening on %s (model %s, loading); browser page: %s", stream_url, self.model_name, page_url)
         log.info("%s", notice_line(self.model))
-        if self.config.funasr_port is not None:
-            self._listeners.append(await self._start_funasr())
-        if self.config.wyoming_port is not None:
-            from . import wyoming  # imported only when asked for
-
-            self._listeners.append(await wyoming.start(self, self.config.wyoming_host, self.config.wyoming_port))
+        for door in DOORS:  # the doors with a port of their own, each module imported only when asked for
+            if door.port is not None and getattr(self.config, door.port) is not None:
+                self._listeners.append(await load(door.start)(self))
         # Only once the ports are bound: a taken port then ends the process with no thread inside ONNX Runtime
         # (exiting while one loads a model aborts the process: "terminate called without an active exception").
         self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
         self.listening.set()
-
-    async def _start_funasr(self) -> Any:
-        """Hook for the FunASR runtime protocol adapter: server/funasr.py provides
-        `async def start(app: Server, host: str, port: int, ssl: SSLContext | None) -> websockets Server`,
-        reusing this server's worker, admission control and metrics."""
-        from . import funasr  # imported only when asked for
-
-        return await funasr.start(self, self.config.host, self.config.funasr_port, self._ssl_context())
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        return tls_context(self.config)
 
     def _on_ready(self, future: asyncio.Future[None]) -> None:
         if future.cancelled() or self.stopped.is_set():  # a load that ended after shutdown: nothing to say
@@ -253,14 +252,9 @@ class Server:
         await self._should_exit.wait()
 
     async def _handle(self, ws: ServerConnection) -> None:
-        from .deepgram_live import DeepgramConnection
-        from .deepgram_shapes import LISTEN_PATH
-        from .openai_realtime import RealtimeConnection
-        from .realtime_handshake import REALTIME_PATH
-
-        path = ws.request.path.split("?", 1)[0] if ws.request is not None else None
-        doors = {REALTIME_PATH: RealtimeConnection, LISTEN_PATH: DeepgramConnection}
-        await self.serve_stream(doors.get(path, Connection)(self, ws))
+        """A WebSocket the handshake accepted: the StreamConnection of the door at its path."""
+        path = ws.request.path.split("?", 1)[0] if ws.request is not None else ""
+        await self.serve_stream(load(stream_door(path).stream)(self, ws))
 
     async def serve_stream(self, connection: StreamConnection) -> None:
         """Run one stream (of either endpoint) to its end; a graceful shutdown waits for it to drain."""

@@ -1,11 +1,12 @@
 """What every stream endpoint shares, whatever its wire format: the machinery between a WebSocket, a
 StreamSession and the worker.
 
-    StreamConnection   base class of server/connection.py (Unipad protocol) and server/funasr.py (FunASR's):
-                       lifecycle (admission, errors -> error message + close code, job cancellation),
-                       receiving (idle timeout and server shutdown in server/receiver.py, flood policy,
-                       token check), feeding audio, backpressure on finals, the worker's partial results, the
-                       ordered send loop with its send timeout, and the close that drains incoming frames.
+    StreamConnection   base class of every door's stream (server/doors.py: Unipad's, Deepgram's, OpenAI
+                       Realtime's, FunASR's, Wyoming's): lifecycle (admission, errors -> error message + close
+                       code, job cancellation), receiving (idle timeout and server shutdown in
+                       server/receiver.py, flood policy, token check), feeding audio, backpressure on finals,
+                       the worker's partial results, the ordered send loop with its send timeout, and the
+                       close that drains incoming frames.
     Outbox             the bounded, ordered queue of one connection's outgoing messages.
 The only place where UnipadError becomes a close code. Every failure stays inside its connection: the
 error message is sent first, then the close, and the session's waiting jobs are cancelled.
@@ -82,16 +83,28 @@ class StreamGone(Exception):
 
 
 class StreamConnection:
-    """One WebSocket stream from the handshake to the close; a subclass supplies the wire format:
+    """One WebSocket stream from the handshake to the close; a door's subclass supplies the wire format.
 
+    Every door overrides (each raises NotImplementedError here):
         _serve()                          the conversation, from the first message to the close
         _error(code, message)             an error message in its format
-        _job_options()                    `deliver`, `language` and `itn` of the jobs it submits
-        _count_final()                    a segment's final was submitted (its own bookkeeping)
+        _job_options()                    `deliver`, `language`, `itn`, `hotwords` of the jobs it submits
         _partial_item(job, transcript)    what goes to the outbox for a partial result
         _on_final(job, transcript, error) a final result (or its inference error)
-        _render(message)                  an outgoing message as a text frame (None: send nothing)
+        _render(message)                  an outgoing message as a frame (None: send nothing)
+    A door may also override:
+        log, log_name, went_away, internal_message   its logger; how log lines name it; the end line's
+                                          reason for a client's close; the text of an internal error
+        outbox                            set in __init__: an Outbox of its own size or kind
+        _count_final()                    a segment's final was submitted (its own bookkeeping)
         _sent(message)                    after a message went out (metrics)
+        _close(code, reason, error)       the close (e.g. counting the errors it sends)
+        _handle(events)                   a StreamSession's events to jobs (e.g. shifted into its own numbering)
+        _submit(...)                      one job to the worker (e.g. a job per audio channel, its own arguments)
+        _on_result(job, transcript, error)  the worker's answer, before the partial/final split
+        _speech_end_arrival(end)          when the audio at stream time `end` arrived (its own time base)
+        _release_jobs()                   at the end: cancel its jobs (and any it holds back)
+        audio_seconds(), segments_finished()  what the stream's end line reports, when no one session holds it
     """
 
     log = logging.getLogger(__name__)  # subclasses log under their own module's name

@@ -51,10 +51,12 @@ READ_BYTES = 1 << 16
 QUEUED_EVENTS = 8  # parsed events waiting for the connection; beyond it we stop reading (TCP backpressure)
 
 
-async def start(app: Server, host: str, port: int) -> _Listener:
-    """Listen for Wyoming clients; the Server closes the returned listener on shutdown like its own."""
+async def start(app: Server) -> _Listener:
+    """Listen for Wyoming clients on --wyoming-host and --wyoming-port; the Server closes the returned listener
+    on shutdown like its own."""
+    host = app.config.wyoming_host
     listener = _Listener(app)
-    listener.server = await asyncio.start_server(listener.accept, host, port)
+    listener.server = await asyncio.start_server(listener.accept, host, app.config.wyoming_port)
     app.wyoming_port = listener.server.sockets[0].getsockname()[1]  # the bound port (config may say 0)
     log.info("Wyoming protocol on tcp://%s:%d", host, app.wyoming_port)
     if not _loopback(host):

@@ -19,7 +19,7 @@ from export.evaluate import word_errors
 from openai_testkit import DEMO, HELD_OUT, TOKEN, knows_words, own_protocol_text, post, raw_exchange, sdk, words
 from pipeline.audio import SAMPLE_RATE
 from server_testkit import eventually, http_get, wav16
-from server.openai_http import MAX_UPLOAD_BYTES
+from server.uploads import MAX_UPLOAD_BYTES
 from server.upload_sequence import ARRIVAL_EARLY, ARRIVAL_LATE
 
 
