@@ -12,8 +12,8 @@ forms, one session of free shape run at each shape in turn (is a first run's cos
 and shape? if per node, one session per graph would warm a whole grid for the price of one):
 
     conv2d   [B, T, D] -> [B, D, 1, T], Conv kernel [1, 11], back (what fp32 and int8 graphs export)
-    conv1d   [B, T, D] -> [B, D, T], Conv kernel [11], back (what fp16 graphs export: docs/benchmarks.md,
-             "The second lease": a tenth of conv2d's first run on CUDA)
+    conv1d   [B, T, D] -> [B, D, T], Conv kernel [11], back (what fp16 graphs export: docs/history.md,
+             "Capacity": a tenth of conv2d's first run on CUDA)
     taps     pad T by 5 each side, then 11 shifted slices, each times its tap's weights, summed
     gather   pad, Gather the [T, 11] windows ([B, T, 11, D]), times the weights, ReduceSum over the taps
 

@@ -7,7 +7,7 @@ VAD, segmenter), and every partial and final through pipeline.trim.prepared, as 
 for each message. CPU seconds (process time, one thread) over `--streams` streams, per stream-second of
 audio, for each stage, and what 512 streams would take of one core. The loop's other costs (websockets'
 framing, the send loop) are not in it: `py-spy record --threads` on a server under `bench load` shows those
-(docs/benchmarks.md, "The second lease").
+(docs/benchmarks.md, "CPU streams").
 """
 from __future__ import annotations
 

@@ -238,7 +238,7 @@ def write_model_dir(
 
     def build(tmp: Path) -> ModelManifest:
         # fp32 is exported first when int8 (quantised from it) or fp32 itself is wanted; an fp16-only export (a
-        # GPU's) skips it: it would double the export's time (measured in docs/benchmarks.md, issue 34).
+        # GPU's) skips it: it would double the export's time (measured: docs/history.md, "Speed").
         needs_fp32 = "fp32" in precisions or "int8" in precisions
         steps = ["fp32"] * needs_fp32 + [p for p in precisions if p != "fp32"]
         top_k = 0

@@ -34,8 +34,8 @@ RELEASE = "ModelScope's iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-voc
 # decoder's projection to the vocabulary left float. The CIF weight projection, FunASR's other "output", is
 # no MatMul here (models/paraformer.py computes it as a float32 row sum), so it stays float too. QInt8 rather
 # than FunASR's QUInt8: the same agreement with fp32 on the released size, but onnxruntime's u8 x u8 kernels
-# took 1.6-1.8 times the CPU time of u8 x s8 on this AVX-512 VNNI machine (docs/benchmarks.md, "Paraformer
-# int8 against fp32"). Our old per-tensor QInt8 of every MatMul moved the token count on 7 of 8 released-size
+# took 1.6-1.8 times the CPU time of u8 x s8 on this AVX-512 VNNI machine (docs/history.md,
+# "Fidelity"). Our old per-tensor QInt8 of every MatMul moved the token count on 7 of 8 released-size
 # clips (issue 40).
 INT8 = Int8Recipe(per_channel=True, weight_type="QInt8", op_types=("MatMul",), float_modules=("decoder.output_layer",))
 SYNTHETIC_WORDS = ("open", "the", "window", "please", "now", "hel@@", "lo")

@@ -14,7 +14,7 @@ and, apart from the body, the form of the graph's last MatMul (`head`): the deco
 the vocabulary) and the encoder's final projection (proj2, what the decoder reads as audio embeddings).
 The embedding table (a Gather) stays float32 in every recipe.
 
-Measured at 0.6B (docs/benchmarks.md, issue 40), against fp32 on verify's clips. On a checkpoint made by
+Measured at 0.6B (docs/benchmarks.md, "int8 against fp32"), against fp32 on verify's clips. On a checkpoint made by
 the qwen-asr package's own class and initialisation (bench/make_qwen3_checkpoint.py), "per-channel" moves
 the logits by at most 0.18 (RMS 0.03 of a 0.64 spread) and turns only fp32's near-ties (leads of at most
 0.06): verify passes, padding exact; it is the recipe when int8 is asked for, made a weight at a time

@@ -40,7 +40,7 @@ The in-graph decoding outputs, where present, must equal the host's argmax and t
 Precisions against fp32 (issue 40): every other precision's answers alone on the same clips (the test
 clips, and any --agreement-audio speech) are compared with fp32's (export/agreement.py: token counts, token
 agreement by edit distance and until the first difference, score errors, the family's aligned values), and
-must meet the family's AgreementBound, what a faithful quantisation meets (docs/benchmarks.md, issue 40):
+must meet the family's AgreementBound, what a faithful quantisation meets (docs/benchmarks.md, "int8 against fp32"):
     Paraformer  the CIF token count within 5 % of fp32's on every clip (verify_paraformer.AGREEMENT)
     SenseVoice  CTC greedy tokens >= 0.85 of fp32's by edit distance, the log-prob of the token fp32 picks
                 in each frame within 0.5 (CTC_AGREEMENT)
@@ -90,7 +90,7 @@ BATCH_ROWS = 4  # the batch-invariance check: the clip as row 0, other speech-li
 # dynamic MatMul) keeps 0.93-1.0 of the trained demo model's tokens within 0.33 (its WER 2.72 % against
 # fp32's 2.68 %); on full-size random weights (ours, and FunASR's own init: flat posteriors, fp32's best a
 # median 0.14 nats ahead) it moves fp32's token by 0.04-0.06 and turns only frames fp32 led by <= 0.06
-# (docs/benchmarks.md, issue 40).
+# (docs/benchmarks.md, "int8 against fp32"; docs/history.md, "Fidelity").
 # A lead of a tenth of a nat (or logit), odds of 1.1 to 1 between two tokens. Faithful int8 turns leads of at
 # most 0.06 on full-size random weights (SenseVoice, FunASR's own init; Qwen3-ASR, qwen-asr's), the tiny
 # SenseVoice's 0.009; a 4-bit quantisation of the tiny SenseVoice turns 0.16 (tests/export).

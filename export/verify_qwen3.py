@@ -38,7 +38,7 @@ AGREEMENT_TOKENS = 32  # greedy tokens compared with fp32's per clip
 # Faithful: no logit (fp32's tokens fed) more than a quarter off, and 90 % of fp32's greedy tokens kept until
 # the first difference fp32 itself decided by more than verify.TIE_MARGIN (random weights are full of ties:
 # the qwen-asr class's own init gives logits of std 0.64 whose top two lie a median 0.08 apart, so even fp16
-# turns some). fp16 keeps 100 % within 0.02 on the tiny geometry. At 0.6B (docs/benchmarks.md, issue 40), on
+# turns some). fp16 keeps 100 % within 0.02 on the tiny geometry. At 0.6B (docs/benchmarks.md, "int8 against fp32"), on
 # the qwen-asr class's own init, per-channel int8 meets it (max 0.18, leads turned at most 0.06); on
 # --random-init's spread norm gains no int8 recipe does.
 AGREEMENT = AgreementBound(min_tokens_kept=0.9, max_logprob_err=0.25, tie_margin=TIE_MARGIN)

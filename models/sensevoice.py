@@ -92,7 +92,7 @@ def fsmn_memory(conv: nn.Conv1d, padding: tuple[int, int], x: torch.Tensor, mask
     fp16 graphs (the GPUs') keep the 1-D conv: on CUDA (H100, cuDNN 9) each 2-D conv of height 1 costs
     about 300 ms on its first run at every shape, so a full-size SenseVoice session took 16-20 s to warm up
     and a server's grid of 12 over 200 s; the 1-D conv's first run costs a tenth of that (`bench fsmn`,
-    docs/benchmarks.md "The second lease")."""
+    docs/history.md, "Capacity")."""
     left, right = padding
     if left != right:  # a shifted window: pad the time axis explicitly
         x_pad, left = nn.functional.pad(x, (0, 0, left, right)), 0

@@ -23,7 +23,7 @@ _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # Operators whose CPU kernels prepack a constant weight (input 1, B or W) into their own layout when the
 # session is created. Shared with add_initializer, such a weight is either packed again by each session
 # (the Python API has no shared prepacked-weights container) or, with prepacking off, used unpacked on
-# every run: a quarter slower per token for Qwen3-ASR's int8 decoder (docs/benchmarks.md).
+# every run: a quarter slower per token for Qwen3-ASR's int8 decoder (docs/history.md, "Speed").
 _PREPACKING_OPS = frozenset({"MatMul", "MatMulInteger", "Gemm", "DynamicQuantizeMatMul", "MatMulNBits",
                              "FusedMatMul", "Conv", "ConvInteger", "QLinearMatMul", "QLinearConv"})
 

@@ -47,7 +47,7 @@ from .segmenter import FRAME_SECONDS, PartialDue, SegmentFinished, Segmenter, Se
 Cut = TypeVar("Cut", SegmentFinished, PartialDue)
 # A shorter pause lies inside one utterance. Pauses between the words of one are mostly under 0.25 s (where
 # pipecat committed inside our digit strings: 0-0.24 s); with 0.5 s, two recordings committed back to back
-# were heard as one utterance, and the join cost 1.9 points of WER (docs/benchmarks.md, issue 25).
+# were heard as one utterance, and the join cost 1.9 points of WER (docs/history.md, "Doors").
 JOIN_SILENCE = 0.3
 CONTEXT_SECONDS = 2.0  # of the previous segment heard before one that continues it
 # A sound that begins this long before the VAD's first voiced frame is not that speech's own onset (a
@@ -61,7 +61,7 @@ MAX_SAID_CHAIN = 8  # finals back that a context's words are looked for in (each
 # Zeros the model hears before a segment whose speech starts at the first sample of what was fed (a file cut
 # tight, a microphone opened mid-word, a client's commit of one utterance). Measured on the demo model, 200
 # held-out recordings whose speech starts at their first sample, clean, pink and room noise
-# (docs/benchmarks.md, issue 36, stop 39): the
+# (docs/history.md, "Doors"): the
 # errors depend on where the onset falls in the frontend's 60 ms frames: with 0, 15, 20, 30, 45, 60, 90,
 # 150 and 300 ms of zeros before it, 301, 242, 218, 196, 258, 346, 217, 216 and 304 errors in all (9 cells).
 STREAM_START_LEAD = 0.03

@@ -15,7 +15,7 @@ microphone, an upload and a commit, segment alike).
   Each stream's state starts as if the model had heard WARMUP_WINDOWS of digital silence: from the zero
   state it missed speech that begins at a stream's first sample (a tight commit, push-to-talk), hearing
   "one nine eight" not at all and the first words of others late (held-out recordings with no lead: 6.0 %
-  WER at the upload, 4.0 % warmed, 3.9 % with webrtc; docs/benchmarks.md).
+  WER at the upload, 4.0 % warmed, 3.9 % with webrtc; docs/history.md, "Silero VAD as the default: not taken").
 """
 from __future__ import annotations
 

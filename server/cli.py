@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.batching import parse_batch_sizes
 from pipeline.catalog import resolve_model
 from pipeline.errors import UnipadError
-from pipeline.families import read_model_hotwords
+from pipeline.families import family_for, read_model_hotwords
 from pipeline.modeldir import read_model_directory
 from pipeline.shapes import parse_containers
 from pipeline.vad import VADS
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(more memory; SenseVoice's ladder runs 10-15%% faster, docs/benchmarks.md)")
     p.add_argument("--vad", choices=VADS, default=d.vad,
                    help="the frame VAD: webrtc (webrtcvad) or silero (Silero VAD on ONNX Runtime, steadier in room "
-                        f"noise: docs/benchmarks.md) (default {d.vad})")
+                        f"noise: docs/history.md) (default {d.vad})")
     p.add_argument("--vad-aggressiveness", type=int, default=d.vad_aggressiveness, help="webrtcvad mode 0-3")
     p.add_argument("--vad-threshold", type=float, default=d.vad_threshold,
                    help=f"silero: the speech probability of a voiced frame, above 0, at most 1 (default {d.vad_threshold})")
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         model = read_model_directory(config.model)  # fail here, in one line, rather than after binding the port
+        family_for(model)  # a family serves it (an old single-graph Paraformer export: re-export it)
         if config.hotwords:
             read_model_hotwords(config.hotwords, model)
     except (ValueError, UnipadError) as exc:

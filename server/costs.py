@@ -5,7 +5,7 @@
 figure printed). `--measure-costs` times the server's own grid right after the warm-up instead, so a GPU
 server plans from its own hardware without a run beforehand, and writes the same document to
 `--cost-table` when one is named. That matters most on CUDA, where the first run of each session costs
-12-14 s (cuDNN's first call of each FSMN conv, 2026-11-26 H100: docs/benchmarks.md) and a separate
+12-14 s (cuDNN's first call of each FSMN conv, 2026-11-26 H100: docs/history.md, "Capacity") and a separate
 `bench model` run would pay the whole warm-up again. Each shape runs its warm-up clip (zeros filling
 WARMUP_FILL of the container in every row) once untimed, then MEASURE_REPEATS times; the median is its cost.
 A call's time is the graph's, which does not depend on the samples (fixed shapes); zeros only make the

@@ -4,7 +4,7 @@
 One idle timer per stream, armed by a wait and re-armed only when it fires during a later one, and a wake-up
 that cancels the waiting receive: the server wakes every receiver in its `receiving` set when it shuts down.
 The way before, a task and an `asyncio.wait` around every receive, cost the event loop 11-30 us a message,
-about a sixth of its busy time at 256 streams (docs/benchmarks.md, "The second lease"). A receive
+about a sixth of its busy time at 256 streams (docs/history.md, "Capacity"). A receive
 cancelled while it waits loses nothing: websockets (and the Wyoming reader) keep the message for the next.
 """
 from __future__ import annotations

@@ -95,7 +95,7 @@ SENSEVOICE = Family(
     architecture="sensevoice", runtime="sensevoice.runtime", signatures={"": (INPUT_NAMES, OUTPUT_NAMES)},
     word_times=True, hotwords=True, prompt=False, per_frame_outputs=True, max_batch=None,
     cpu_containers=DEFAULT_CPU_CONTAINERS,
-    # Measured on an H100 (docs/benchmarks.md, the third lease): a call 8-11 ms at batch 1 instead of 19-22 ms,
+    # Measured on an H100 (docs/benchmarks.md, "GPU: the H100 leases"): a call 8-11 ms at batch 1 instead of 19-22 ms,
     # 400 streams within p95 0.5 s instead of 256, replays equal to plain runs.
     cuda_graphs=True, one_session_on_cpu=False, optional_outputs=DECODING_OUTPUT_NAMES)
 PARAFORMER = Family(

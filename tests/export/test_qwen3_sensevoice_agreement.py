@@ -67,7 +67,7 @@ def test_qwen3_fp16_keeps_fp32s_answer(qwen3_model_dir):
 @pytest.mark.parametrize("recipe", ["blockwise", "per-tensor", "coarse"])
 def test_qwen3_verify_fails_an_int8_that_loses_fp32s_answer(qwen3_model_dir, tmp_path, capsys, recipe):
     """On --random-init's spread norm gains every int8 recipe tried moves the decoder's logits past the bound
-    (blockwise, and per-tensor as before; docs/benchmarks.md), and a 4-bit one far past it: verify says so
+    (blockwise, and per-tensor as before; docs/history.md, "Fidelity"), and a 4-bit one far past it: verify says so
     and fails, while int8's padding invariance still holds."""
     def requantise(src, dst, graph):
         coarse(src, dst) if recipe == "coarse" else quantize_graph(src, dst, graph, RECIPES[recipe])

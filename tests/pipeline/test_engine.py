@@ -56,7 +56,7 @@ def test_cpu_options():
 
 
 def test_cuda_graphs_by_default_only_where_they_were_measured():
-    """Replayed CUDA graphs by default for SenseVoice on CUDA (measured: docs/benchmarks.md, the third lease);
+    """Replayed CUDA graphs by default for SenseVoice on CUDA (measured: docs/benchmarks.md, "GPU: the H100 leases");
     plain for the families never replayed on a GPU and on every other provider; as asked, where asked."""
     auto = EngineOptions()
     assert replays_cuda_graphs(auto, "cuda", SENSEVOICE)

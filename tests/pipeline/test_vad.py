@@ -88,7 +88,7 @@ def test_silero_segments_are_where_the_speech_is_and_feeds_do_not_matter(speech)
 def test_silero_hears_speech_that_starts_at_the_first_sample():
     """The demo singles cut at their first sound: each segment starts within two frames of it. From the zero
     state Silero was later (up to 0.12 s here; on held-out recordings with no lead it missed whole words,
-    docs/benchmarks.md); each stream now starts as if after 0.5 s of silence."""
+    docs/history.md, "Accuracy"); each stream now starts as if after 0.5 s of silence."""
     options = SegmenterOptions(vad="silero", partial_interval=0.0)
     for path in sorted(DEMO.glob("single_*.wav")):
         audio, _ = soundfile.read(path, dtype="float32")

@@ -273,7 +273,7 @@ def test_events_split_anywhere_are_reassembled():
 
 def test_blank_lines_between_events_are_skipped():
     """In any number and any cut (a flood of them cost the event loop seconds while other streams waited:
-    each line copied the rest of the read; docs/benchmarks.md, stop 45)."""
+    each line copied the rest of the read; docs/benchmarks.md, "Reliability")."""
     wire = b"\n \r\n" + encode("describe") + b"\n" * (1 << 20) + encode("transcribe", {"language": "en"}) + b"\n\n"
     reader = EventReader(max_payload=1 << 20)
     for i in range(0, len(wire), 4096 + 3):
