@@ -219,6 +219,8 @@ class Engine:
     def run_padded(self, padded: np.ndarray, length: int, language_id: int, textnorm_id: int) -> tuple[np.ndarray, int]:
         """Run one already padded clip, float32 [samples] with `length` valid samples, batch 1 (CTC models);
         `samples` must be a warmed container, else UnwarmedShapeError (counted and logged)."""
+        if not self.family.per_frame_outputs or self.policy is None:
+            raise InferenceError(f"run_padded needs a loaded model with per-frame outputs ({self.family.architecture})")
         feed = pack([padded[:length]], [(language_id, textnorm_id)], 1, len(padded))
         feed["audio"][0] = padded  # the padding as given (callers test that it does not matter)
         outputs = self.runtime.sessions.run(Run(1, len(padded), (0,)), feed, lambda _: OUTPUT_NAMES)
