@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .audio import samples_to_seconds
-from .batching import CALL_OVERHEAD_ROWS, Clip, Run, pack, plan_batches, planned_run
+from .batching import CALL_OVERHEAD_ROWS, Clip, Run, choose_batch_sizes, pack, plan_batches, planned_run
 from .errors import InferenceError, ModelLoadError
 from .providers import ProviderConfig, SessionRunner
 from .sessions import create_session, footprint, load_shared_weights, open_runner, runner_on
@@ -28,6 +28,13 @@ from .sessions import create_session, footprint, load_shared_weights, open_runne
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]  # (batch size, container samples)
+
+
+def grid_batch_sizes(engine: Any, device: str, precision: str) -> tuple[int, ...]:
+    """The batch sizes of the grid: the device's (or the options'), none above the family's Family.max_batch."""
+    sizes = choose_batch_sizes(engine.options.batch_sizes, device, precision)
+    most = engine.family.max_batch
+    return sizes if most is None else tuple(b for b in sizes if b <= most) or (most,)
 
 
 class SessionGrid:

@@ -11,7 +11,7 @@ from ...batching import Clip
 from ...engine_options import one_session_per_graph, shape_plan
 from ...errors import ProtocolError
 from .. import takes_no_hotwords
-from ...grid import SessionGrid
+from ...grid import SessionGrid, grid_batch_sizes
 from ...modeldir import PARAFORMER_DECODER_OUTPUT_NAMES
 from ...sessions import open_runner
 from ...transcript import Transcript
@@ -19,16 +19,13 @@ from ..sensevoice.runtime import grid_line
 from .decoding import ParaformerOutput, decode_paraformer
 from .stages import DecoderGrid, decoder_feed
 
-BATCH_SIZES = (1,)  # Family.max_batch: its CIF rows' independence in a batch is not verified yet
-
-
 class Runtime:
     """A Paraformer's sessions of both stages and its decoding (the pipeline/families Runtime contract)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.policy = None
-        self.batch_sizes = BATCH_SIZES
+        self.batch_sizes: tuple[int, ...] = ()
         self.in_graph_decoding = False
         self.sessions: SessionGrid | None = None  # stage one
         self.decoder: DecoderGrid | None = None  # stage two
@@ -36,6 +33,7 @@ class Runtime:
     def build(self, device: str, precision: str, config: Any) -> str:
         engine = self.engine
         self.policy, ladder = shape_plan(engine.options, device, engine.family)
+        self.batch_sizes = grid_batch_sizes(engine, device, precision)  # 1 (Family.max_batch)
         one_session = one_session_per_graph(engine.options, device, engine.family)
         path = engine.model.onnx_path(precision)
         self.sessions = SessionGrid(engine, path, self.batch_sizes, config, one_session)

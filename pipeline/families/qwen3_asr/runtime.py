@@ -162,7 +162,7 @@ class Runtime:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.policy: ShapePolicy | None = None
-        self.batch_sizes = (1,)  # Family.max_batch
+        self.batch_sizes: tuple[int, ...] = ()
         self.in_graph_decoding = False
         self.runners: dict[tuple[str, int], SessionRunner] = {}  # (graph, container samples) -> runner
         self.shapes: dict[int, Qwen3Shapes] = {}  # container samples -> its shapes
@@ -171,6 +171,7 @@ class Runtime:
     def build(self, device: str, precision: str, config: ProviderConfig) -> str:
         engine = self.engine
         self.runners, self.shapes = build_qwen3(engine.model, precision, config, engine.options)
+        self.batch_sizes = (engine.family.max_batch,)  # its decoder runs one clip a call
         self.policy = ShapePolicy(tuple(samples_to_seconds(size) for size in self.shapes))
         return (f"{precision} graphs {', '.join(engine.model.manifest.graphs[precision].values())}, "
                 f"containers {format_containers(self.policy.containers)} s, batch 1")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...batching import Clip, ClipOutput, choose_batch_sizes, output_names, unpack
+from ...batching import Clip, ClipOutput, output_names, unpack
 from ...engine_options import one_session_per_graph, shape_plan
-from ...grid import SessionGrid
+from ...grid import SessionGrid, grid_batch_sizes
 from ...hotwords import Hotword, read_hotwords_file
 from ...modeldir import DECODING_OUTPUT_NAMES, ModelDirectory
 from ...transcript import Transcript
@@ -34,7 +34,7 @@ class Runtime:
     def build(self, device: str, precision: str, config: Any) -> str:
         engine = self.engine
         self.policy, _ = shape_plan(engine.options, device, engine.family)
-        self.batch_sizes = choose_batch_sizes(engine.options.batch_sizes, device, precision)
+        self.batch_sizes = grid_batch_sizes(engine, device, precision)
         path = engine.model.onnx_path(precision)
         self.sessions = SessionGrid(engine, path, self.batch_sizes, config,
                                     one_session_per_graph(engine.options, device, engine.family))
