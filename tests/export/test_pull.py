@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 from hub_mirror import COMMIT, HubMirror, MirrorFile
+from pull_testkit import assert_failed_cleanly, run_pull, staged
 
 from clients.client import connect
 from export.__main__ import main
-from export.hub import COMMIT_FILE
 from export.pull import LOCK_FILE
 from export.verify import DEFAULT_LENGTHS, verify
 from pipeline import catalog
@@ -56,13 +56,6 @@ def catalogue_files(files: dict[str, MirrorFile], unknown: tuple[str, ...] = ())
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("UNIPAD_HOME", str(tmp_path / "unipad"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no real token or cache leaks in
-    return tmp_path / "unipad"
-
-
-@pytest.fixture
 def hub(home: Path, monkeypatch: pytest.MonkeyPatch):
     files = released_files()
     monkeypatch.setitem(catalog.MODELS, NAME, dataclasses.replace(SENSEVOICE_SMALL, files=catalogue_files(files)))
@@ -73,28 +66,7 @@ def hub(home: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def pull(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(["pull", NAME, *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_failed_cleanly(code: int, err: str, home: Path, *words: str) -> None:
-    """Non-zero exit, one `error:` line (the last) naming the problem, no traceback, no model installed."""
-    errors = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert code != 0
-    assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err
-    assert "Traceback" not in err
-    for word in words:
-        assert word in errors[0], errors[0]
-    models = home / "models"
-    assert not models.exists() or list(models.iterdir()) == [], list(models.iterdir())
-
-
-def staged(home: Path) -> list[str]:
-    root = home / "downloads"
-    hidden = (LOCK_FILE, COMMIT_FILE)
-    return sorted(p.name for p in root.rglob("*") if p.is_file() and p.name not in hidden) if root.exists() else []
+    return run_pull(capsys, NAME, *args)
 
 
 def assert_staged_intact(home: Path, files: dict[str, MirrorFile] | None = None) -> None:
