@@ -21,16 +21,13 @@ import numpy as np
 import pytest
 import torch
 from hub_mirror import COMMIT, HubMirror, MirrorFile
-from pull_testkit import assert_failed_cleanly, run_pull, staged
+from pull_testkit import assert_failed_cleanly, run_pull, staged, transcribe_by_name
 
-from clients.client import connect
 from export.__main__ import main
 from export.pull import LOCK_FILE
 from export.verify import DEFAULT_LENGTHS, verify
 from pipeline import catalog
-from pipeline.audio import SAMPLE_RATE
 from pipeline.catalog import SENSEVOICE_SMALL, HubFile
-from server.cli import build_parser, config_from_args
 from server.cli import main as unipad_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,16 +99,8 @@ async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speec
     assert code == 0 and "already" in out and len(hub.requests) == before
 
     # the server resolves the name to the cache and serves a recording with it
-    config = config_from_args(build_parser().parse_args(["--model", NAME]))
-    assert config.model == model_dir
-    async with serve_test_server(config.model) as url:
-        async with connect(url, sample_rate=SAMPLE_RATE) as stream:
-            assert stream.ready.model == NAME
-            pcm = (speech.audio * 32767).astype(np.int16)
-            for i in range(0, len(pcm), SAMPLE_RATE // 10):
-                await stream.send(pcm[i:i + SAMPLE_RATE // 10])
-            done = await stream.stop()
-    assert done.segments == len(speech.utterances) == len(stream.finals)
+    served, _ = await transcribe_by_name(NAME, speech, serve_test_server)
+    assert served == model_dir
 
     capsys.readouterr()
     assert unipad_main(["models"]) == 0

@@ -13,16 +13,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hub_mirror import COMMIT, HubMirror, MirrorFile
-from pull_testkit import assert_failed_cleanly, run_pull, staged
+from pull_testkit import assert_failed_cleanly, run_pull, staged, transcribe_by_name
 
-from clients.client import connect
 from pipeline import catalog
-from pipeline.audio import SAMPLE_RATE
 from pipeline.catalog import PARAFORMER_LARGE, HubFile
-from server.cli import build_parser, config_from_args
 from server.cli import main as unipad_main
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "paraformer"
@@ -59,17 +55,9 @@ async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speec
     assert (source["repo"], source["revision"], source["commit"]) == (SOURCE.repo, SOURCE.revision, COMMIT)
     assert source["sha256"] == {name: f.sha256 for name, f in released_files().items()}
 
-    config = config_from_args(build_parser().parse_args(["--model", NAME]))
-    assert config.model == model_dir
-    async with serve_test_server(config.model) as url:
-        async with connect(url, sample_rate=SAMPLE_RATE) as stream:
-            assert stream.ready.model == NAME
-            pcm = (speech.audio * 32767).astype(np.int16)
-            for i in range(0, len(pcm), SAMPLE_RATE // 10):
-                await stream.send(pcm[i:i + SAMPLE_RATE // 10])
-            done = await stream.stop()
-    assert done.segments == len(speech.utterances) == len(stream.finals)
-    assert all(final.text for final in stream.finals)  # the tiny model's words are noise, but there are words
+    served, finals = await transcribe_by_name(NAME, speech, serve_test_server)
+    assert served == model_dir
+    assert all(final.text for final in finals)  # the tiny model's words are noise, but there are words
 
     capsys.readouterr()
     assert unipad_main(["models"]) == 0
