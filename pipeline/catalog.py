@@ -6,7 +6,7 @@
 UNIPAD_HOME defaults to the user's cache directory (~/.cache/unipad, %LOCALAPPDATA%\\unipad,
 ~/Library/Caches/unipad). Importable without torch or a hub client: the server resolves names with it.
 
-Adding a model (e.g. `paraformer-zh`): one `CatalogModel` in MODELS below, whose `exporter` module of export/ has
+Adding a model: one `CatalogModel` in MODELS below, whose `exporter` module of export/ has
 `export_checkpoint(directory, out, precisions, name, source) -> Path` (export/sensevoice.py is the
 example) turning the downloaded released files into a model directory.
 """
@@ -146,7 +146,55 @@ QWEN3_ASR_1_7B = CatalogModel(
     ),
 )
 
-MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL, QWEN3_ASR_0_6B, QWEN3_ASR_1_7B)}
+# Paraformer-large (FunASR's plain Paraformer: SANMEncoder, CifPredictorV2, ParaformerSANMDecoder, 8404 tokens) as
+# FunASR published it on Hugging Face as funasr/paraformer-zh at commit d7811ee3 (the plain model there; FunASR's
+# ModelScope alias `paraformer-zh` names SeACo-Paraformer instead, which export/paraformer.py refuses). Found with a
+# code search on 2026-11-29 (no hub is reachable where this was written). Where each pin comes from:
+# - the commit: pinned for funasr/paraformer-zh by independent projects (nezqt3/smartmed-copilot's
+#   services/asr/app.py, with model.pt's sha256 in services/asr/download_model.py; a download script running
+#   `hf download funasr/paraformer-zh --revision d7811ee3...`; a desktop app's PARAFORMER_MODEL_REVISION; an ASR
+#   evaluation harness's list of sources), and an audio-QC project's generated judge page lists every file of that
+#   commit as the hub's tree metadata gives it: size, and the LFS sha256 or the git blob id.
+# - model.pt (LFS): 880,502,012 bytes there, sha256 5bba782a... (that page's prefix, in full in smartmed-copilot's
+#   download_model.py); the same size and sha256 are pinned by several projects for ModelScope's original below
+#   (at its tag v2.0.4, and at its commit ff922d0e).
+# - am.mvn, tokens.json (plain git files: no publisher sha256): each checked byte for byte. am.mvn's 11,203 bytes
+#   are in FunASR's own repository (modelscope/FunASR, runtime/triton_gpu/model_repo_paraformer_large_online/
+#   lfr_cmvn_pe/am.mvn) and in manyeyes/AliParaformerAsr (commit a1e3cc49, AliParaformerAsr/
+#   speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch/am.mvn): git blob 681910cd1ab6458b..., the
+#   blob the judge page lists; its sha256 is SenseVoiceSmall's (above), also pinned for ModelScope's SeACo and
+#   contextual Paraformers. tokens.json is the 8404 tokens of that AliParaformerAsr directory's tokens.txt written
+#   as FunASR writes it (json.dumps, indent=4, ensure_ascii=False, no final newline): 93,676 bytes, git blob
+#   f8bc9c31ab1ba458... (the judge page's), sha256 2b20c2b1..., the value independent projects pin for the
+#   tokens.json of ModelScope's Paraformer-large ONNX export and of its SeACo and contextual Paraformers.
+# - config.yaml: 2,509 bytes (the judge page's size). Its sha256 could not be pinned: no project found pins it, and
+#   no public copy matching its git blob (c0a9f403c8e62017...) was found (FunASR's template.yaml, in any of its
+#   versions, is not it). So it is checked by size here, and by the export's strict reading (the architecture,
+#   the frontend and every dimension against the checkpoint's tensors).
+# seg_dict (8.3 MB, English word pieces for hotwords and training) and configuration.json are not downloaded: the
+# export reads neither. ModelScope's original iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch
+# names its files as the HF copy does (model.pt, config.yaml, am.mvn, tokens.json), so one file list serves both
+# sources; its tag v2.0.4 is the revision FunASR's own examples download, and the one the model.pt pins above were
+# made at. Its other three files were not compared with the HF copy's: one that differs is refused like a tampered
+# file, naming it.
+PARAFORMER_LARGE = CatalogModel(
+    name="paraformer-large",
+    description="Paraformer-large (paraformer-zh): Mandarin speech recognition with token times, non-autoregressive",
+    exporter="paraformer",
+    sources=(
+        HubSource("hf", "funasr/paraformer-zh", "d7811ee3ac581fbcfdeb37c98c6ba674028433dc"),
+        HubSource("modelscope", "iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch", "v2.0.4"),
+    ),
+    files=(
+        HubFile("model.pt", 880_502_012, "5bba782a5e9196166233b9ab12ba04cadff9ef9212b4ff6153ed9290ff679025"),
+        HubFile("config.yaml", 2_509),  # size only: no public sha256 (above)
+        HubFile("am.mvn", 11_203, "29b3c740a2c0cfc6b308126d31d7f265fa2be74f3bb095cd2f143ea970896ae5"),
+        HubFile("tokens.json", 93_676, "2b20c2b12572d682afff84ce1c8d560f67b8b32a4c1f21567411d141ed352127"),
+    ),
+)
+
+MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL, PARAFORMER_LARGE, QWEN3_ASR_0_6B,
+                                                       QWEN3_ASR_1_7B)}
 
 
 def unipad_home() -> Path:
