@@ -10,10 +10,11 @@ punctuation model (ct-punc) to a model directory (pipeline/punctuation.py runs i
 `batch` and `tokens` are free: the runtime pads each call into a word container (pipeline/shapes.py), and
 `python -m export verify DIR` checks that a sentence padded gives what it gives alone (export/verify_ct_punc.py).
 
-A released directory (FunASR's punc_ct-transformer_zh-cn-common-vocab272727-pytorch layout) holds model.pt,
-config.yaml and tokens.json. Refused, each in one line: another model or encoder than CTTransformer with a
-"pe" SANMEncoder, a jieba dictionary (the 471,067-word zh-en model splits Chinese text into jieba's words,
-which pipeline/punctuation.py does not), a tokenizer with a segmentation dictionary.
+A released directory (Hugging Face's funasr/ct-punc, the 471,067-word zh-en model, or ModelScope's 272,727-word
+punc_ct-transformer_zh-cn-common-vocab272727-pytorch, FunASR's "ct-punc-c") holds model.pt, config.yaml and
+tokens.json. Refused, each in one line: another model or encoder than CTTransformer with a "pe" SANMEncoder, a
+jieba dictionary beside them (ModelScope's copy of the zh-en model has one: FunASR then splits Chinese text into
+jieba's words, which pipeline/punctuation.py does not), a tokenizer with a segmentation dictionary.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ MAX_WORDS = 1 << 16
 # FunASR's int8 graph, so int8 shrinks only the encoder (the released model is mostly its 272,727 x 256 table).
 INT8 = Int8Recipe(per_channel=True, weight_type="QInt8", op_types=("MatMul",), float_modules=("decoder",))
 UNK_SYMBOL = "<unk>"  # FunASR's CharTokenizer default
+JIEBA_DICTIONARY = "jieba_usr_dict"
 RANDOM_INIT_NOTICE = "Random weights: for speed and padding checks; it punctuates nothing."  # manifest notice
 SUPPORTED = {"model": "CTTransformer", "encoder": "SANMEncoder"}
 ENCODER = {"input_layer": "pe", "selfattention_layer_type": "sanm", "normalize_before": True,
@@ -81,10 +83,13 @@ def read_config(directory: Path) -> dict:
         raise ValueError(f"{path} describes {', '.join(wrong)}: only FunASR's CTTransformer with a SANMEncoder "
                          "(input_layer pe, sanm attention, pre-norm), the released ct-punc, is supported")
     model_conf = config.get("model_conf") or {}
-    if "jieba_usr_dict" in config or "jieba_usr_dict" in model_conf:
-        raise ValueError(f"{path} names a jieba dictionary (jieba_usr_dict): that model (the 471,067-word zh-en "
-                         "ct-punc) splits Chinese text into jieba's words, which the punctuation runtime does not "
-                         "do; the 272,727-word ct-punc (punc_ct-transformer_zh-cn-common-vocab272727) is supported")
+    # FunASR gives the model a jieba dictionary when the directory holds the file (funasr/download/
+    # download_model_from_hub.py), and then splits Chinese text into jieba's words: not ported.
+    if (directory / JIEBA_DICTIONARY).exists() or JIEBA_DICTIONARY in config or JIEBA_DICTIONARY in model_conf:
+        raise ValueError(f"{directory} has a jieba dictionary ({JIEBA_DICTIONARY}): FunASR then splits Chinese "
+                         "text into jieba's words (ModelScope's 471,067-word zh-en ct-punc), which the punctuation "
+                         "runtime does not do; without it (Hugging Face's funasr/ct-punc, the 272,727-word "
+                         "ct-punc-c) FunASR splits it into characters, as the runtime does")
     tokenizer = config.get("tokenizer_conf") or {}
     if config.get("tokenizer", "CharTokenizer") != "CharTokenizer" or tokenizer.get("seg_dict") or tokenizer.get(
             "seg_dict_file"):

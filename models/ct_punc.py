@@ -23,8 +23,9 @@ from pipeline.modeldir import PUNCTUATION_INPUT_NAMES, PUNCTUATION_OUTPUT_NAMES
 
 from .paraformer import LAYER_NORM_EPS, SANMEncoder
 
-# FunASR's punctuation classes of the released ct-punc (its config.yaml's model_conf.punc_list): class 1 "_" is
-# no punctuation, 3 "。" ends a sentence (sentence_end_id). A checkpoint's own list replaces it on export.
+# FunASR's punctuation classes (a release's config.yaml model_conf.punc_list, whose full-width marks
+# CTTransformer.inference compares with): 1 "_" is none, 3 "。" ends a sentence (sentence_end_id). A checkpoint's
+# own list replaces it on export.
 RELEASED_PUNCTUATION = ("<unk>", "_", "，", "。", "？", "、")
 
 
@@ -79,7 +80,7 @@ class CTPuncDimensions:
 
 
 PRESETS: dict[str, dict] = {
-    "full": {},  # the released ct-punc (punc_ct-transformer_zh-cn-common-vocab272727): 4 blocks of 256
+    "full": {},  # the 272,727-word ct-punc-c's geometry (FunASR's ct_transformer/template.yaml): 4 blocks of 256
     "tiny": dict(vocab_size=96, embed_unit=32, output_size=32, attention_heads=4, linear_units=64, num_blocks=2),
 }
 

@@ -16,8 +16,9 @@ A port of FunASR's own steps (funasr 1.4.16), each function citing the one it fo
   it ("，。？" in their ASCII forms after an ASCII word); the text ends with a sentence end (a final "，", "、"
   or "," replaced, else "。" or "." added). Quirks included, for the same text as FunASR: each call's first word
   counts as a sentence start, a "<unk>" class writes "<unk>".
-Texts need a model without a jieba dictionary (the released 272,727-word ct-punc); export/ct_punc.py
-refuses one with (the 471,067-word zh-en model splits Chinese into jieba's words).
+FunASR splits into jieba's words instead when the model directory holds a jieba dictionary (ModelScope's copy
+of the 471,067-word zh-en model): not ported, and export/ct_punc.py refuses such a directory. Hugging Face's
+funasr/ct-punc (the same model without the dictionary) and the 272,727-word ct-punc-c split as above.
 
 Sans-I/O beside the graph: `Punctuator` takes any function from a call's ids to their logits;
 `PunctuationGraph` is the exported graph on ONNX Runtime, each call padded into its word container
