@@ -19,13 +19,13 @@ jieba's words, which pipeline/punctuation.py does not), a tokenizer with a segme
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from pipeline.families import CT_TRANSFORMER
 from pipeline.modeldir import ONNX_FILES, PUNCTUATION_FREE_DIMENSIONS, PUNCTUATION_INPUT_NAMES, ModelManifest
 
 from .onnx_export import OPSET, Int8Recipe, quantize_int8, write_graphs_atomically
+from .paraformer import checkpoint_tokens, read_funasr_config
 from .sensevoice import parse_precisions, user_path
 
 CHECKPOINT_FILES = ("model.pt", "config.yaml", "tokens.json")
@@ -67,15 +67,8 @@ def random_model(size: str, seed: int):
 
 
 def read_config(directory: Path) -> dict:
-    import yaml
-
+    config = read_funasr_config(directory, CHECKPOINT_FILES, "ct-punc")
     path = directory / "config.yaml"
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable YAML file ({type(exc).__name__})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: not a FunASR model configuration")
     wrong = [f"{k} {config.get(k)!r}" for k, v in SUPPORTED.items() if config.get(k) != v]
     encoder = config.get("encoder_conf") or {}
     wrong += [f"encoder_conf.{k} {encoder[k]!r}" for k, v in ENCODER.items() if k in encoder and encoder[k] != v]
@@ -125,18 +118,11 @@ def dimensions_from_checkpoint(config: dict, state: dict):
         sentence_end_id=int(model_conf.get("sentence_end_id", 3)))
 
 
-def checkpoint_tokens(directory: Path, vocab_size: int, unk_symbol: str) -> list[str]:
-    path = directory / "tokens.json"
-    try:
-        tokens = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        raise ValueError(f"{path}: not valid JSON") from None
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        raise ValueError(f"{path}: expected a JSON list of words")
-    if len(tokens) != vocab_size:
-        raise ValueError(f"{path} has {len(tokens)} words but the checkpoint's embedding has {vocab_size}")
+def vocabulary(directory: Path, vocab_size: int, unk_symbol: str) -> list[str]:
+    """tokens.json, one word per embedding row, with the tokenizer's unknown symbol among them."""
+    tokens = checkpoint_tokens(directory, vocab_size, "embedding", ("tokens.json",))
     if unk_symbol not in tokens:
-        raise ValueError(f"{path} has no unknown symbol {unk_symbol!r}")
+        raise ValueError(f"{directory / 'tokens.json'} has no unknown symbol {unk_symbol!r}")
     return tokens
 
 
@@ -145,16 +131,11 @@ def checkpoint_model(directory: Path):
     from models.ct_punc import CTTransformer
     from models.sensevoice import load_checkpoint_state, load_state_strict
 
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such directory")
-    for name in CHECKPOINT_FILES:
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory}: {name} is missing (expected a released ct-punc directory)")
     config = read_config(directory)
     state = load_checkpoint_state(directory / "model.pt")
     dims = dimensions_from_checkpoint(config, state)
     unk_symbol = str((config.get("tokenizer_conf") or {}).get("unk_symbol", UNK_SYMBOL))
-    tokens = checkpoint_tokens(directory, dims.vocab_size, unk_symbol)
+    tokens = vocabulary(directory, dims.vocab_size, unk_symbol)
     model = CTTransformer(dims)
     load_state_strict(model, state)
     return model.eval(), tokens, unk_symbol

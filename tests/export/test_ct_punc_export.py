@@ -104,7 +104,7 @@ def test_a_jieba_dictionary_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
 @pytest.mark.parametrize("edit, message", [
     (lambda d: (d / "tokens.json").unlink(), "tokens.json is missing"),
     (lambda d: (d / "config.yaml").write_text("model: Paraformer\n", encoding="utf-8"), "model 'Paraformer'"),
-    (lambda d: (d / "tokens.json").write_text('["a", "b"]', encoding="utf-8"), "has 2 words"),
+    (lambda d: (d / "tokens.json").write_text('["a", "b"]', encoding="utf-8"), "has 2 tokens"),
 ])
 def test_a_directory_that_is_not_ct_punc_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture, edit,
                                                     message: str) -> None:
