@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.families import CT_TRANSFORMER
-from pipeline.modeldir import ONNX_FILES, PUNCTUATION_FREE_DIMENSIONS, PUNCTUATION_INPUT_NAMES, ModelManifest
+from pipeline.modeldir import ONNX_FILES, PUNCTUATION_FREE_DIMENSIONS, ModelManifest
 
 from .onnx_export import OPSET, Int8Recipe, quantize_int8, write_graphs_atomically
 from .paraformer import checkpoint_tokens, read_funasr_config
@@ -174,7 +174,8 @@ def write(model, tokens: list[str], out: Path, precisions: tuple[str, ...], name
             (directory / ONNX_FILES["fp32"]).unlink()
 
     manifest = ModelManifest(
-        name=name, architecture=CT_TRANSFORMER.architecture, dimensions=model.dims.to_dict() | {"unk_symbol": unk_symbol},
+        name=name, architecture=CT_TRANSFORMER.architecture,
+        dimensions=model.dims.to_dict() | {"unk_symbol": unk_symbol},
         files={p: ONNX_FILES[p] for p in precisions}, source=source, container_seconds=0.0, prompt_frames=0,
         languages={}, textnorms={}, opset=OPSET, notice=notice)
     return write_graphs_atomically(out, build, manifest, tokens)

@@ -91,7 +91,7 @@ def next_step(directory, serve: str) -> str:
     """What to do with a pulled model: serve it, or (a punctuation model, which the server does not serve yet)
     where it is read."""
     if directory.manifest.architecture in TEXT_MODELS:
-        return "a punctuation model: pipeline.punctuation.load_punctuator(DIR) runs it (the server does not serve it yet)"
+        return "a punctuation model: pipeline.punctuation.load_punctuator(DIR) runs it (not served yet)"
     return f"serve it: {serve}"
 
 

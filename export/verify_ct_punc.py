@@ -49,8 +49,8 @@ def clip_output(logits: np.ndarray) -> ClipOutput:
     return ClipOutput(tuple(logits.argmax(-1).tolist()), logprobs, collapse=lambda best: tuple(best.tolist()))
 
 
-def verify(directory: ModelDirectory, precisions: list[str] | None, device: str,
-           words: tuple[int, ...] = DEFAULT_WORDS, containers: tuple[int, ...] = DEFAULT_PUNCTUATION_CONTAINERS) -> dict:
+def verify(directory: ModelDirectory, precisions: list[str] | None, device: str, words: tuple[int, ...] = DEFAULT_WORDS,
+           containers: tuple[int, ...] = DEFAULT_PUNCTUATION_CONTAINERS) -> dict:
     vocab = int(directory.manifest.dimensions["vocab_size"])
     precisions = precisions or sorted(directory.manifest.files)
     report: dict = {"model": str(directory.path), "container_seconds": 0.0, "device": device, "precisions": {},

@@ -48,8 +48,8 @@ def test_the_texts_reach_every_branch_of_the_cutting() -> None:
 
 
 def test_split_words_as_funasr() -> None:
-    assert split_words("abc中文def  ok好的\tiPhone很好AI\n") == ["abc", "中", "文", "def", "ok", "好", "的", "iPhone",
-                                                                 "很", "好", "AI"]
+    assert split_words("abc中文def  ok好的\tiPhone很好AI\n") == [
+        "abc", "中", "文", "def", "ok", "好", "的", "iPhone", "很", "好", "AI"]
     assert split_words("it's 3.5 km，好") == ["it's", "3.5", "km", "，", "好"]
     assert split_words("   ") == []
 
