@@ -1,4 +1,4 @@
-"""`python -m export {pull,sensevoice,paraformer,qwen3-asr,verify,reexport,add-decoding,train-demo,eval,eval-hotwords} ...`"""
+"""`python -m export {pull,sensevoice,paraformer,ct-punc,qwen3-asr,verify,reexport,add-decoding,train-demo,eval,eval-hotwords} ...`"""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ COMMANDS = {
     "pull": (".pull", "download a model by name (e.g. sensevoice-small), export, verify and cache it"),
     "sensevoice": (".sensevoice", "export SenseVoiceSmall (released checkpoint or random weights) to a model directory"),
     "paraformer": (".paraformer", "export Paraformer-large / paraformer-zh (released checkpoint or random weights) to a model directory"),
+    "ct-punc": (".ct_punc", "export FunASR's CT-Transformer punctuation model (released ct-punc or random weights)"),
     "qwen3-asr": (".qwen3_asr", "export Qwen3-ASR (0.6B / 1.7B geometry, random weights) as encoder, prefill and step graphs"),
     "verify": (".verify", "check padding invariance, operators and static shapes of a model directory"),
     "reexport": (".reexport", "export a SenseVoice model directory again with today's exporter, its weights read from its fp32 graph"),

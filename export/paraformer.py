@@ -65,9 +65,16 @@ def random_model(size: str, seed: int):
     return model.eval(), synthetic_tokens(dims.vocab_size)
 
 
-def read_config(directory: Path) -> dict:
+def read_funasr_config(directory: Path, files: tuple[str, ...], release: str) -> dict:
+    """A FunASR release directory's config.yaml, once `files` are all there (every exporter of a FunASR release:
+    this one, export/ct_punc.py); each problem one FileNotFoundError or ValueError line."""
     import yaml
 
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory")
+    for name in files:
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory}: {name} is missing (expected a released {release} directory)")
     path = directory / "config.yaml"
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -75,6 +82,12 @@ def read_config(directory: Path) -> dict:
         raise ValueError(f"{path}: not a readable YAML file ({type(exc).__name__})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: not a FunASR model configuration")
+    return config
+
+
+def read_config(directory: Path) -> dict:
+    config = read_funasr_config(directory, CHECKPOINT_FILES, "Paraformer")
+    path = directory / "config.yaml"
     described = {key: config.get(key) for key in SUPPORTED}
     wrong = {k: v for k, v in described.items() if v != SUPPORTED[k]}
     if wrong:
@@ -135,9 +148,11 @@ def dimensions_from_checkpoint(config: dict, state: dict):
     )
 
 
-def checkpoint_tokens(directory: Path, vocab_size: int) -> list[str]:
-    """tokens.json (a JSON list, as released) or tokens.txt (one token per line)."""
-    for name in TOKEN_FILES:
+def checkpoint_tokens(directory: Path, vocab_size: int, layer: str = "output layer",
+                      names: tuple[str, ...] = TOKEN_FILES) -> list[str]:
+    """tokens.json (a JSON list, as released) or tokens.txt (one token per line); as many as the checkpoint's
+    `layer` has rows."""
+    for name in names:
         path = directory / name
         if not path.is_file():
             continue
@@ -155,9 +170,9 @@ def checkpoint_tokens(directory: Path, vocab_size: int) -> list[str]:
                 lines.pop()
             tokens = [line.split()[0] if line.split() else line for line in lines]  # "token" or "token id"
         if len(tokens) != vocab_size:
-            raise ValueError(f"{path} has {len(tokens)} tokens but the checkpoint's output layer has {vocab_size}")
+            raise ValueError(f"{path} has {len(tokens)} tokens but the checkpoint's {layer} has {vocab_size}")
         return tokens
-    raise FileNotFoundError(f"{directory}: no {' or '.join(TOKEN_FILES)} (the token list is needed to serve text)")
+    raise FileNotFoundError(f"{directory}: no {' or '.join(names)} (the token list is needed to serve text)")
 
 
 def checkpoint_model(directory: Path):
@@ -166,11 +181,6 @@ def checkpoint_model(directory: Path):
     from models.paraformer import Paraformer
     from models.sensevoice import load_checkpoint_state, load_state_strict
 
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: no such directory")
-    for name in CHECKPOINT_FILES:
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory}: {name} is missing (expected a released Paraformer directory)")
     config = read_config(directory)
     state = load_checkpoint_state(directory / "model.pt")
     dims = dimensions_from_checkpoint(config, state)

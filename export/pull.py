@@ -19,6 +19,7 @@ from typing import Iterator
 
 from pipeline.catalog import HUBS, MODELS, download_path, lookup, model_path, pull_command
 from pipeline.errors import ModelLoadError
+from pipeline.families import TEXT_MODELS
 from pipeline.modeldir import MANIFEST_FILE, read_model_directory
 
 from .hub import HubError, fetch_files, hf_endpoint
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if mismatched := unpinned_files(entry, cached.manifest.source):  # e.g. pulled by an older version
             raise ModelLoadError(f"{out} was exported from files that are not the release this version pins: "
                                  f"{'; '.join(mismatched)}; --force pulls it again")
-        print(f"{entry.name} is already in {out} (--force exports it again)\nserve it: {serve}")
+        print(f"{entry.name} is already in {out} (--force exports it again)\n{next_step(cached, serve)}")
         return 0
     if out.exists() and not args.force:
         raise FileExistsError(f"{out} already exists and is not a model directory (remove it, or choose another --out)")
@@ -82,8 +83,16 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(staging.parent, ignore_errors=True)  # only the lock file is left
     _remove_if_empty(staging.parent.parent)
-    print(f"{entry.name} verified and ready in {out}\nserve it: {serve}")
+    print(f"{entry.name} verified and ready in {out}\n{next_step(read_model_directory(out), serve)}")
     return 0
+
+
+def next_step(directory, serve: str) -> str:
+    """What to do with a pulled model: serve it, or (a punctuation model, which the server does not serve yet)
+    where it is read."""
+    if directory.manifest.architecture in TEXT_MODELS:
+        return "a punctuation model: pipeline.punctuation.load_punctuator(DIR) runs it (not served yet)"
+    return f"serve it: {serve}"
 
 
 def unpinned_files(entry, source: dict) -> list[str]:

@@ -51,6 +51,8 @@ its own row) is a tie: random weights' outputs are full of them, so the precisio
 (SenseVoice's frames are read as fp32's there; Qwen3-ASR's tokens count as kept after such a difference).
 (One token lost is always allowed: verify's 0.3-1 s clips have 5-9 tokens, where one flipped near-tie is
 11-20 %; the tiny random SenseVoice's int8 flips one of 5 at 0.7 s.)
+A punctuation model (ct-punc) has words, not audio: export/verify_ct_punc.py checks it (each text alone against
+padded into every word container, the same bounds; int8 against fp32 as SenseVoice's frames are).
 The last line printed is one JSON object with the figures ("agreement" per precision); the exit status is
 non-zero when any check fails.
 """
@@ -63,7 +65,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.families import PARAFORMER, QWEN3_ASR, family_for
+from pipeline.families import CT_TRANSFORMER, PARAFORMER, QWEN3_ASR, family_for
 from pipeline.modeldir import DECODING_OUTPUT_NAMES, FREE_DIMENSIONS, OUTPUT_NAMES, read_model_directory
 from pipeline.providers import provider_config
 
@@ -165,6 +167,10 @@ def errors(a: np.ndarray, b: np.ndarray) -> dict:
 def verify(model_dir: Path, precisions: list[str] | None, container: float | None, lengths: tuple[float, ...],
            device: str = "cpu", agreement_audio: tuple[Path, ...] = ()) -> dict:
     directory = read_model_directory(model_dir)
+    if directory.manifest.architecture == CT_TRANSFORMER.architecture:  # a punctuation model: words, not audio
+        from .verify_ct_punc import verify as verify_ct_punc
+
+        return verify_ct_punc(directory, precisions, device)
     family = family_for(directory)
     if family is QWEN3_ASR:
         from .verify_qwen3 import verify as verify_qwen3
@@ -228,15 +234,24 @@ def verify(model_dir: Path, precisions: list[str] | None, container: float | Non
         add_agreement(report, outputs, AGREEMENT, lambda: reference_outputs(directory, container_samples, device, clips))
     else:
         add_agreement(report, outputs, CTC_AGREEMENT, lambda: ctc_reference(directory, device, clips))
-    exact = [r for p, e in report["precisions"].items() if p != "fp16" for r in e["lengths"].values()]
-    results = exact or [r for e in report["precisions"].values() for r in e["lengths"].values()]
+    return summarise(report, exact_only=True)
+
+
+def summarise(report: dict, exact_only: bool = False) -> dict:
+    """The report's summary figures from its precisions' entries (every family's verify ends with it): the
+    worst errors and cosine (with `exact_only`, of fp32 and int8 where either was verified: fp16 has its own
+    bound), whether every token was equal, the refused operators, static shapes, and whether all passed."""
+    entries = report["precisions"]
+    every = [r for e in entries.values() for r in e["lengths"].values()]
+    exact = [r for p, e in entries.items() if p != "fp16" for r in e["lengths"].values()] if exact_only else []
+    results = exact or every
     report["max_abs_err"] = max(r["max_abs_err"] for r in results)
     report["max_scaled_err"] = max(r["max_scaled_err"] for r in results)
     report["cosine"] = min(r["cosine"] for r in results)
-    report["tokens_equal"] = all(r["tokens_equal"] for e in report["precisions"].values() for r in e["lengths"].values())
-    report["forbidden_ops"] = sorted({op for e in report["precisions"].values() for op in e["forbidden_ops"]})
-    report["static_shapes"] = not any(e["non_static_shapes"] for e in report["precisions"].values())
-    report["passed"] = all(e["passed"] for e in report["precisions"].values())
+    report["tokens_equal"] = all(r["tokens_equal"] for r in every)
+    report["forbidden_ops"] = sorted({op for e in entries.values() for op in e["forbidden_ops"]})
+    report["static_shapes"] = not any(e["non_static_shapes"] for e in entries.values())
+    report["passed"] = all(e["passed"] for e in entries.values())
     return report
 
 
@@ -334,13 +349,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     precisions = [p.strip() for p in args.precision.split(",")] if args.precision else None
     report = verify(args.model_dir, precisions, args.container, args.lengths, args.device, tuple(args.agreement_audio))
+    container = (f"word containers {','.join(map(str, report['containers']))}" if "containers" in report
+                 else f"{report['container_seconds']:g} s")
     for precision, entry in report["precisions"].items():
         ops = ", ".join(f"{op} {n}" for op, n in entry["ops"].items())
         print(f"[{precision}] operators: {ops}")
         if "decoder_ops" in entry:
             print(f"[{precision}] decoder operators: {', '.join(f'{op} {n}' for op, n in entry['decoder_ops'].items())}")
         for label, r in entry["lengths"].items():
-            print(f"[{precision}] {label} in {report['container_seconds']:g} s: max_abs_err {r['max_abs_err']:.3g} "
+            print(f"[{precision}] {label} in {container}: max_abs_err {r['max_abs_err']:.3g} "
                   f"(scaled {r['max_scaled_err']:.3g}), cosine {r['cosine']:.9f}, tokens equal {r['tokens_equal']}"
                   + (f" ({r['ties']} near-tie(s) turned)" if r.get("ties") else "")
                   + (f" ({r['fires_moved']} CIF fire(s) moved a frame)" if r.get("fires_moved") else "")

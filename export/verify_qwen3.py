@@ -31,7 +31,7 @@ from pipeline.families.qwen3_asr.decoding import ENCODER, GRAPHS, Qwen3Decoder, 
 from .graph_rules import rules_entry
 from .onnx_export import non_static_shapes, op_histogram
 from .agreement import AgreementBound, ClipOutput, add_agreement, read_clips
-from .verify import TIE_MARGIN, _passed, errors, make_session, model_blocks, test_clips
+from .verify import TIE_MARGIN, _passed, errors, make_session, model_blocks, summarise, test_clips
 
 VERIFY_TOKENS = 8  # greedy steps compared per clip
 AGREEMENT_TOKENS = 32  # greedy tokens compared with fp32's per clip
@@ -140,15 +140,7 @@ def verify(directory: ModelDirectory, precisions: list[str] | None, lengths: tup
         entry["passed"] = _passed(precision, entry, model_blocks(dims))
         report["precisions"][precision] = entry
     add_agreement(report, outputs, AGREEMENT, lambda: references)
-    results = [r for e in report["precisions"].values() for r in e["lengths"].values()]
-    report["max_abs_err"] = max(r["max_abs_err"] for r in results)
-    report["max_scaled_err"] = max(r["max_scaled_err"] for r in results)
-    report["cosine"] = min(r["cosine"] for r in results)
-    report["tokens_equal"] = all(r["tokens_equal"] for r in results)
-    report["forbidden_ops"] = sorted({op for e in report["precisions"].values() for op in e["forbidden_ops"]})
-    report["static_shapes"] = not any(e["non_static_shapes"] for e in report["precisions"].values())
-    report["passed"] = all(e["passed"] for e in report["precisions"].values())
-    return report
+    return summarise(report)
 
 
 

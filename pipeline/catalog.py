@@ -193,8 +193,32 @@ PARAFORMER_LARGE = CatalogModel(
     ),
 )
 
+# FunASR's CT-Transformer punctuation model as Hugging Face serves it: FunASR's "ct-punc" there is funasr/ct-punc
+# (funasr/download/name_maps_from_hub.py), the 471,067-word zh-en model that ModelScope holds as
+# iic/punc_ct-transformer_cn-en-common-vocab471067-large. Where the pins come from (a code search on 2026-11-29;
+# no hub is reachable here):
+# - the commit d0e55e2b: pinned for funasr/ct-punc by four independent projects (a transcript pipeline's FunASR
+#   backend, two desktop apps' model tables, a provisioning script that reads the hub's file metadata at it).
+# - model.pt's size, 1,125,507,622 bytes: a runtime that lists this repository's files (its tokens.json of 471,067
+#   words), and the same size in two independent download manifests of ModelScope's copy (v2.0.4).
+# - Not found: any file's sha256, and config.yaml's and tokens.json's sizes here (ModelScope's copies are 812 and
+#   8,280,697 bytes; this repository's may differ). Left None: checked at download against what the hub reports
+#   (the size, and the LFS sha256 of model.pt and tokens.json; config.yaml, a plain git file, has none, so only
+#   the exporter's checks of it stand for a pin). tests/export/test_pull.py lists them as not yet pinned.
+# The repository has no jieba dictionary (ModelScope's copy has one), so FunASR splits Chinese text into
+# characters, as pipeline/punctuation.py does. The 272,727-word model (FunASR's "ct-punc-c") is on ModelScope only
+# (iic/punc_ct-transformer_zh-cn-common-vocab272727-pytorch, revision v2.0.4 in FunASR's examples), with no
+# public pins found: `python -m export ct-punc --checkpoint DIR` exports a downloaded copy.
+CT_PUNC = CatalogModel(
+    name="ct-punc",
+    description="CT-Transformer punctuation (FunASR's ct-punc: Chinese and English, 471,067 words)",
+    exporter="ct_punc",
+    sources=(HubSource("hf", "funasr/ct-punc", "d0e55e2b8722a78b63705ff443d09c4f86e5d750"),),
+    files=(HubFile("model.pt", 1_125_507_622), HubFile("config.yaml"), HubFile("tokens.json")),
+)
+
 MODELS: dict[str, CatalogModel] = {m.name: m for m in (SENSEVOICE_SMALL, PARAFORMER_LARGE, QWEN3_ASR_0_6B,
-                                                       QWEN3_ASR_1_7B)}
+                                                       QWEN3_ASR_1_7B, CT_PUNC)}
 
 
 def unipad_home() -> Path:

@@ -58,6 +58,12 @@ QWEN3_SIGNATURES = {
     "prefill": (("prompt_ids", "prompt_lengths", "audio_embeds"), ("logits", "keys", "values")),
     "step": (("token_ids", "positions", "cache_keys", "cache_values"), ("logits", "keys", "values")),
 }
+# A punctuation model (CT-Transformer, export/ct_punc.py; pipeline/punctuation.py runs it): one graph, the
+# vocabulary ids of a transcript's words padded to a token container and their count in, each word's class
+# logits out (zero past the count). `batch` and `tokens` are named free dimensions.
+PUNCTUATION_INPUT_NAMES = ("token_ids", "token_lengths")
+PUNCTUATION_OUTPUT_NAMES = ("punc_logits",)
+PUNCTUATION_FREE_DIMENSIONS = ("batch", "tokens")
 # Prompt-row ids of SenseVoiceSmall's `embed` table (FunASR's model.py).
 SENSEVOICE_LANGUAGES = {"auto": 0, "zh": 3, "en": 4, "yue": 7, "ja": 11, "ko": 12, "nospeech": 13}
 SENSEVOICE_TEXTNORMS = {"withitn": 14, "woitn": 15}

@@ -40,6 +40,11 @@ OPEN_TOKEN_STEP = 4  # decoder rows: a step keeps the shapes few (ONNX Runtime p
 DEFAULT_TOKEN_CONTAINERS: tuple[int, ...] = (16, 32, 64, 128, 256)
 DEFAULT_CPU_TOKEN_CONTAINERS: tuple[int, ...] = (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128,
                                                  160, 192, 224, 256, 320, 384, 448)
+# Word containers of a punctuation model (pipeline/punctuation.py): FunASR runs 20 words at a time plus the words
+# carried from the call before (those after its last sentence end), so most calls hold 20-40 words; a text with
+# no sentence end grows its call by 20 words each time (to 200, or to the whole text without a comma either), so
+# the ladder doubles, and a call past its largest rung takes the next multiple of it (punctuation_container).
+DEFAULT_PUNCTUATION_CONTAINERS: tuple[int, ...] = (32, 64, 128, 256, 512)
 MAX_CONTAINER_SECONDS = 60.0  # a sanity bound for CLI input; the segmenter caps segments at 30 s
 
 
@@ -126,3 +131,12 @@ def token_containers(frames: int, ladder: tuple[int, ...] = DEFAULT_TOKEN_CONTAI
     top = frames + 1
     return tuple(k for k in sorted(ladder) if k < top) + (top,)
 
+
+
+def punctuation_container(words: int, ladder: tuple[int, ...] = DEFAULT_PUNCTUATION_CONTAINERS) -> int:
+    """The word rows a punctuation model runs `words` words in: the smallest rung of `ladder` that holds them,
+    past the largest the next multiple of it (a text with neither sentence end nor comma is one call)."""
+    if words < 1:
+        raise ValueError(f"a punctuation call holds at least one word, not {words}")
+    top = max(ladder)
+    return next((k for k in sorted(ladder) if words <= k), -(-words // top) * top)

@@ -151,6 +151,13 @@ def paraformer_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ct_punc_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """FunASR's own tiny CT-Transformer (tests/fixtures/ct_punc, a released ct-punc directory's layout) exported
+    by `python -m export ct-punc --checkpoint` in fp32 and int8."""
+    return exported_once(tmp_path_factory, "ct-punc")
+
+
+@pytest.fixture(scope="session")
 def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen3-ASR's tiny geometry with seeded random weights, fp32, int8 and fp16, in an 8 s container, as
     `python -m export qwen3-asr --random-init tiny` writes it: export, verify and serving tests share it. Its

@@ -25,7 +25,8 @@ from typing import Any, Callable, Protocol, Sequence
 from ..errors import ModelLoadError
 from ..modeldir import (DECODING_OUTPUT_NAMES, INPUT_NAMES, OUTPUT_NAMES, PARAFORMER_DECODER_INPUT_NAMES,
                         PARAFORMER_DECODER_OUTPUT_NAMES, PARAFORMER_ENCODER_OUTPUT_NAMES, PARAFORMER_INPUT_NAMES,
-                        QWEN3_SIGNATURES, ModelDirectory, ModelManifest)
+                        PUNCTUATION_INPUT_NAMES, PUNCTUATION_OUTPUT_NAMES, QWEN3_SIGNATURES, ModelDirectory,
+                        ModelManifest)
 from ..shapes import DEFAULT_CPU_CONTAINERS, DEFAULT_PARAFORMER_CPU_CONTAINERS
 
 Signature = tuple[tuple[str, ...], tuple[str, ...]]  # input names, output names
@@ -115,9 +116,30 @@ QWEN3_ASR = Family(
 FAMILIES = {family.architecture: family for family in (SENSEVOICE, PARAFORMER, QWEN3_ASR)}
 
 
+@dataclass(frozen=True)
+class TextModel:
+    """A model of text that runs beside the speech models: not a row of FAMILIES, because it keeps none of the
+    ASR Runtime contract (no audio, no containers of seconds, no transcripts to return, nothing the engine or
+    the doors could ask it); its own module of pipeline/ runs it, and the engine refuses its directory by name."""
+
+    architecture: str  # the manifest's "architecture"
+    task: str  # what it is, for the engine's refusal
+    signature: Signature
+
+
+# FunASR's CT-Transformer (ct-punc): a transcript's words in, each word's punctuation out (pipeline/punctuation.py).
+CT_TRANSFORMER = TextModel(architecture="ct-transformer",
+                           task="a punctuation model (FunASR's CT-Transformer: it punctuates a transcript)",
+                           signature=(PUNCTUATION_INPUT_NAMES, PUNCTUATION_OUTPUT_NAMES))
+TEXT_MODELS = {model.architecture: model for model in (CT_TRANSFORMER,)}
+
+
 def family_of(manifest: ModelManifest) -> Family:
     """The family of a manifest's architecture; ModelLoadError naming the known ones for another."""
     family = FAMILIES.get(manifest.architecture)
+    if manifest.architecture in TEXT_MODELS:
+        raise ModelLoadError(f"model {manifest.name!r} is {TEXT_MODELS[manifest.architecture].task}, not a speech "
+                             f"recogniser: this server serves speech models only ({', '.join(FAMILIES)})")
     if family is None:
         raise ModelLoadError(f"model {manifest.name!r} has architecture {manifest.architecture!r}, which this "
                              f"server cannot serve (it serves {', '.join(FAMILIES)})")
