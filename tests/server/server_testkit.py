@@ -1,4 +1,5 @@
-"""Client-side helpers for the server tests: raw HTTP GETs and whole-stream WebSocket sessions."""
+"""Client-side helpers for the server tests: raw HTTP GETs, whole-stream WebSocket sessions, one input through
+FunASR's protocol."""
 from __future__ import annotations
 
 import asyncio
@@ -125,3 +126,21 @@ async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> No
             return
         await asyncio.sleep(0.02)
     assert condition()
+
+
+async def funasr_input(port: int, audio: np.ndarray, mode: str, pace: float = 0.0) -> list[dict]:
+    """One input through FunASR's runtime protocol on `port` (plain websockets, as FunASR's clients speak it), 0.2 s
+    of audio a message and `pace` seconds between them: every message up to the one with is_final: true."""
+    async with websockets.connect(f"ws://127.0.0.1:{port}/", subprotocols=["binary"]) as ws:
+        await ws.send(json.dumps({"mode": mode, "wav_name": "speech", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
+                                  "is_speaking": True, "chunk_size": [5, 10, 5], "chunk_interval": 10, "itn": True}))
+        data = pcm16(audio)
+        for i in range(0, len(data), SAMPLE_RATE // 5):
+            await ws.send(data[i:i + SAMPLE_RATE // 5])
+            await asyncio.sleep(pace)
+        await ws.send(json.dumps({"is_speaking": False}))
+        messages: list[dict] = []
+        while not messages or not messages[-1]["is_final"]:
+            messages.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+    return messages
+

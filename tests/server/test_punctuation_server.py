@@ -1,0 +1,289 @@
+"""Serving punctuation (--punc, issue 59 point 3) on every door, through real servers on 127.0.0.1 and real clients.
+
+The models are FunASR's own tiny ones with seeded random weights: the Paraformer (conftest's
+`paraformer_model_dir`) and the CT-Transformer (`ct_punc_model_dir`). Their words are noise, but the punctuation is
+deterministic, so each door's text is checked against the Punctuator run directly (pipeline/punctuation.py) on the
+text the same audio gives unpunctuated, and each word's times against that same unpunctuated answer:
+    FunASR     offline and 2pass-offline: FunASR's punctuated text and one stamp_sents entry per mark; a server
+               without --punc gives the same words and `timestamp`; 2pass-online stays unpunctuated
+    Deepgram   deepgram-sdk: punctuate=true gives the punctuated transcript and each word's punctuated_word,
+               without it the model's own text; live and pre-recorded
+    OpenAI     the openai SDK: text and segments punctuated, words as the model wrote them
+    Unipad     finals' text punctuated, tokens as the model gave them
+    Realtime, Wyoming   a turn's transcript is the upload's punctuated text
+And the startup checks: a punctuation model as --model, a speech model as --punc, a language the punctuation model
+cannot read, a missing file, both flags: each exits 2 with one line naming the fix.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soundfile
+import websockets
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.punctuation import Punctuated, Punctuator, load_punctuator
+from pipeline.transcript import join_texts
+from serving import serve_test_server
+from server.cli import build_parser, config_from_args, main
+from server.punctuation_model import DEFAULT_PUNCTUATION, chosen_punctuation
+from server_testkit import funasr_input, http_get, pcm16
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CLIP = FIXTURES / "paraformer" / "audio.wav"  # one utterance (2.2 s of three_utterances.wav)
+MARKS = set("，。？、,.?")
+
+
+@pytest.fixture(scope="module")
+def punctuator(ct_punc_model_dir: Path) -> Punctuator:
+    return load_punctuator(ct_punc_model_dir)
+
+
+def clip() -> np.ndarray:
+    audio, rate = soundfile.read(CLIP, dtype="float32")
+    assert rate == SAMPLE_RATE
+    return audio
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(out, audio, SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    return out.getvalue()
+
+
+def spelled(punctuated: Punctuated) -> list[str]:
+    """Each word as the punctuated text writes it, with its mark (Deepgram's punctuated_word)."""
+    return [w + m for w, m in zip(punctuated.written, punctuated.marks)]
+
+
+def sentence_sizes(marks: tuple[str, ...]) -> list[int]:
+    """How many words each sentence holds: one ends with every word that has a mark."""
+    ends = [i + 1 for i, mark in enumerate(marks) if mark]
+    return [b - a for a, b in zip([0] + ends, ends + ([len(marks)] if not marks or not marks[-1] else []))]
+
+
+def finals_of(messages: list[dict], mode: str) -> list[dict]:
+    return [m for m in messages if m["mode"] == mode and m["text"]]
+
+
+# ---- FunASR ------------------------------------------------------------------------------------------------
+
+async def test_funasr_door_sends_funasr_text_and_stamp_sents(paraformer_model_dir, ct_punc_model_dir, punctuator,
+                                                            speech):
+    async with serve_test_server(paraformer_model_dir, funasr_port=0) as url:
+        plain = finals_of(await funasr_input(url.server.funasr_port, speech.audio, "offline"), "offline")
+    async with serve_test_server(paraformer_model_dir, funasr_port=0, punc=ct_punc_model_dir) as url:
+        offline = finals_of(await funasr_input(url.server.funasr_port, speech.audio, "offline"), "offline")
+        two_pass = await funasr_input(url.server.funasr_port, speech.audio, "2pass", pace=0.05)  # partials too
+        _, _, ready = await http_get(url.http, "/readyz")
+        _, _, model = await http_get(url.http, "/v1/model")
+    assert json.loads(ready)["punctuation"] == json.loads(model)["punctuation"] == DEFAULT_PUNCTUATION
+    assert len(offline) == len(plain) == len(speech.utterances)
+    for before, after in zip(plain, offline):
+        expected = punctuator.punctuate(before["text"])
+        assert after["text"] == expected.text and any(mark in after["text"] for mark in MARKS)
+        assert after["timestamp"] == before["timestamp"]  # word times unchanged
+        sentences = after["stamp_sents"]
+        assert [w for s in sentences for w in s["text_seg"].split()] == list(expected.words)
+        assert [s["punc"] for s in sentences] == [m for m in expected.marks if m]
+        assert [len(s["ts_list"]) for s in sentences] == sentence_sizes(expected.marks)
+        assert [t for s in sentences for t in s["ts_list"]] == json.loads(before["timestamp"])
+        assert all((s["start"], s["end"]) == (s["ts_list"][0][0], s["ts_list"][-1][1]) for s in sentences)
+    assert [m["text"] for m in finals_of(two_pass, "2pass-offline")] == [m["text"] for m in offline]
+    online = [m["text"] for m in two_pass if m["mode"] == "2pass-online"]
+    assert online and not MARKS.intersection("".join(online))  # partials stay unpunctuated
+
+
+# ---- Deepgram ----------------------------------------------------------------------------------------------
+
+async def deepgram_live(client: Any, audio: np.ndarray, **query: str) -> list[Any]:
+    """deepgram-sdk's live connection: the finals' alternatives."""
+    from deepgram.core.events import EventType
+    from deepgram.listen.v1.types import ListenV1Results
+
+    got: list[Any] = []
+    async with client.listen.v1.connect(model="nova-3", encoding="linear16", sample_rate="16000", **query) as connection:
+        connection.on(EventType.MESSAGE, got.append)
+        listening = asyncio.ensure_future(connection.start_listening())
+        data = pcm16(audio)
+        for i in range(0, len(data), SAMPLE_RATE // 5):
+            await connection.send_media(data[i:i + SAMPLE_RATE // 5])
+        await connection.send_close_stream()
+        await asyncio.wait_for(listening, 30)
+    return [m.channel.alternatives[0] for m in got if isinstance(m, ListenV1Results) and m.is_final]
+
+
+def check_deepgram(plain: list[Any], punctuated: list[Any], punctuator: Punctuator) -> None:
+    """Alternatives (or utterances) of the same audio without and with punctuate=true."""
+    assert len(plain) == len(punctuated) > 0
+    for before, after in zip(plain, punctuated):
+        expected = punctuator.punctuate(before.transcript)
+        assert after.transcript == expected.text.strip() and not MARKS.intersection(before.transcript)
+        assert [w.punctuated_word for w in after.words] == spelled(expected)
+        assert [w.punctuated_word for w in before.words] == list(expected.words)
+        assert [(w.word, w.start, w.end) for w in after.words] == [(w.word, w.start, w.end) for w in before.words]
+
+
+async def test_deepgram_punctuates_when_asked(paraformer_model_dir, ct_punc_model_dir, punctuator, speech):
+    pytest.importorskip("deepgram", reason="deepgram-sdk is not installed (pip install -e '.[frameworks]')")
+    from deepgram import AsyncDeepgramClient, DeepgramClientEnvironment
+
+    async with serve_test_server(paraformer_model_dir, punc=ct_punc_model_dir) as url:
+        client = AsyncDeepgramClient(api_key="any", environment=DeepgramClientEnvironment(
+            base=url.http, production=f"ws://127.0.0.1:{url.port}", agent=f"ws://127.0.0.1:{url.port}",
+            agent_rest=url.http))
+        wav = wav_bytes(speech.audio)
+        answers = [await client.listen.v1.media.transcribe_file(request=wav, model="nova-3", utterances=True,
+                                                                punctuate=punctuate) for punctuate in (False, True)]
+        live = [await deepgram_live(client, speech.audio, punctuate=flag) for flag in ("false", "true")]
+    plain, punctuated = (answer.results.utterances for answer in answers)
+    check_deepgram(plain, punctuated, punctuator)
+    check_deepgram(*live, punctuator)
+    whole = answers[1].results.channels[0].alternatives[0]
+    assert whole.transcript == " ".join(u.transcript for u in punctuated)
+    assert [w.punctuated_word for w in whole.words] == [w.punctuated_word for u in punctuated for w in u.words]
+
+
+# ---- OpenAI, Unipad, Realtime, Wyoming ----------------------------------------------------------------------
+
+async def test_every_other_door_gives_the_punctuated_text(paraformer_model_dir, ct_punc_model_dir, punctuator, speech):
+    """The raw texts are the Deepgram door's without punctuate=true (the same uploads, so the same segments)."""
+    import openai
+
+    from clients.client import connect
+
+    async with serve_test_server(paraformer_model_dir, punc=ct_punc_model_dir, wyoming_port=0) as url:
+        api = openai.AsyncOpenAI(base_url=f"{url.http}/v1", api_key="any", max_retries=0)
+        raw = await deepgram_post(url, speech.audio)
+        verbose = await api.audio.transcriptions.create(
+            file=("speech.wav", wav_bytes(speech.audio)), model="any", response_format="verbose_json",
+            timestamp_granularities=["segment", "word"])
+        upload = (await api.audio.transcriptions.create(file=("clip.wav", wav_bytes(clip())), model="any")).text
+        async with connect(str(url), sample_rate=SAMPLE_RATE) as stream:
+            pcm = np.round(speech.audio * 32767).astype(np.int16)
+            for i in range(0, len(pcm), SAMPLE_RATE // 5):
+                await stream.send(pcm[i:i + SAMPLE_RATE // 5])
+            await stream.stop()
+        finals = stream.finals
+        realtime = await realtime_commit(url.port, clip())
+        wyoming = await wyoming_transcript(url.server.wyoming_port, clip())
+        await api.close()
+    expected = [punctuator.punctuate(u["transcript"]) for u in raw]
+    assert [s.text for s in verbose.segments] == [p.text.strip() for p in expected]
+    assert verbose.text == join_texts([p.text.strip() for p in expected])  # no blank after "。", as FunASR writes
+    assert [w.word for w in verbose.words] == [w["word"] for u in raw for w in u["words"]]
+    assert len(finals) == len(expected)  # a live stream's words (its tokens) may differ from an upload's
+    assert [f.text for f in finals] == [punctuator.punctuate("".join(t.text for t in f.tokens)).text.strip()
+                                        for f in finals]
+    assert upload and MARKS.intersection(upload) and realtime == upload == wyoming
+
+
+async def deepgram_post(url: Any, audio: np.ndarray) -> list[dict]:
+    """POST /v1/listen?utterances=true without punctuate: the model's own utterances."""
+    from openai_testkit import post
+
+    status, body = await post(url.port, "/v1/listen?utterances=true", wav_bytes(audio), {"Content-Type": "audio/wav"})
+    assert status == 200, body
+    return body["results"]["utterances"]
+
+
+async def realtime_commit(port: int, audio: np.ndarray) -> str:
+    """`audio` appended to a Realtime transcription session and committed by hand: its completed transcript."""
+    import base64
+
+    async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription") as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "turn_detection": None}}}}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(audio)).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            assert event["type"] != "error", event
+            if event["type"].endswith("input_audio_transcription.completed"):
+                return event["transcript"]
+
+
+async def wyoming_transcript(port: int, audio: np.ndarray) -> str:
+    """One request as Home Assistant's Wyoming integration sends it: the transcript's text."""
+    pytest.importorskip("wyoming")  # the package's own client below
+    from wyoming.asr import Transcribe, Transcript
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Transcribe(language="zh").event())
+        await client.write_event(AudioStart(rate=SAMPLE_RATE, width=2, channels=1).event())
+        await client.write_event(AudioChunk(rate=SAMPLE_RATE, width=2, channels=1, audio=pcm16(audio)).event())
+        await client.write_event(AudioStop().event())
+        while True:
+            event = await asyncio.wait_for(client.read_event(), 60)
+            assert event is not None
+            if Transcript.is_type(event.type):
+                return Transcript.from_event(event).text
+
+
+# ---- startup: what is served, and what is refused ------------------------------------------------------------
+
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`unipad ARGV` exits 2 before binding a port: its one line."""
+    assert main(argv + ["--port", "0"]) == 2
+    return capsys.readouterr().err.strip()
+
+
+def test_bad_punctuation_models_are_refused_at_start_naming_the_fix(paraformer_model_dir, ct_punc_model_dir,
+                                                                   test_model_dir, tmp_path, capsys):
+    line = refusal(["--model", str(ct_punc_model_dir)], capsys)
+    assert "is a punctuation model" in line and "give this one as --punc" in line
+    line = refusal(["--model", str(paraformer_model_dir), "--punc", str(paraformer_model_dir)], capsys)
+    assert "is a speech model (paraformer), not a punctuation model: serve it as --model" in line
+    line = refusal(["--model", str(paraformer_model_dir), "--punc", str(ct_punc_model_dir), "--no-punc"], capsys)
+    assert "--punc and --no-punc contradict each other" in line
+    for missing in ("model.onnx", "tokens.txt", "manifest.json"):
+        broken = tmp_path / missing
+        shutil.copytree(ct_punc_model_dir, broken)
+        (broken / missing).unlink()
+        line = refusal(["--model", str(paraformer_model_dir), "--punc", str(broken)], capsys)
+        assert line.startswith(f"unipad: error: --punc {broken}: ") and missing in line
+        assert "`python -m export pull ct-punc`" in line and "--no-punc" in line
+    line = refusal(["--model", str(paraformer_model_dir), "--punc", "no-such-model"], capsys)
+    assert "--punc no-such-model: no such directory, and not a known model name" in line
+    # a punctuation model that reads only Chinese beside a model that recognises only English
+    chinese = tmp_path / "chinese-only"
+    shutil.copytree(ct_punc_model_dir, chinese)
+    tokens = (chinese / "tokens.txt").read_text(encoding="utf-8").splitlines()
+    han = iter("丁七万丈三上下不与丐丑专且丕世丘丙业丛东丝丞丢两严並丧丨个丫中丰串临丸丹为主丽举乃久么义之乌乍乎乏乐")
+    (chinese / "tokens.txt").write_text("\n".join(next(han) if t.isascii() and t.isalpha() or "'" in t else t
+                                                  for t in tokens) + "\n", encoding="utf-8")
+    english = tmp_path / "english"
+    shutil.copytree(paraformer_model_dir, english)
+    manifest = json.loads((english / "manifest.json").read_text(encoding="utf-8"))
+    manifest["languages"] = {"auto": 0, "en": 0}
+    (english / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    line = refusal(["--model", str(english), "--punc", str(chinese)], capsys)
+    assert "punctuates zh, but the model 'paraformer-large' recognises en: serve it without --punc" in line
+
+
+def test_ct_punc_punctuates_a_chinese_paraformer_by_default_when_pulled(paraformer_model_dir, ct_punc_model_dir,
+                                                                      test_model_dir, tmp_path, monkeypatch):
+    from pipeline.modeldir import read_model_directory
+
+    monkeypatch.setenv("UNIPAD_HOME", str(tmp_path))
+    paraformer = read_model_directory(paraformer_model_dir)
+    assert chosen_punctuation(None, False, paraformer) is None  # not pulled
+    pulled = tmp_path / "models" / DEFAULT_PUNCTUATION
+    shutil.copytree(ct_punc_model_dir, pulled)
+    assert chosen_punctuation(None, False, paraformer) == pulled
+    assert chosen_punctuation(None, True, paraformer) is None  # --no-punc
+    assert chosen_punctuation(None, False, read_model_directory(test_model_dir)) is None  # not a Paraformer
+    assert chosen_punctuation(DEFAULT_PUNCTUATION, False, read_model_directory(test_model_dir)) == pulled
+    args = build_parser().parse_args(["--model", str(paraformer_model_dir)])
+    assert config_from_args(args).punc == pulled
+    args = build_parser().parse_args(["--model", str(paraformer_model_dir), "--no-punc"])
+    assert config_from_args(args).punc is None
