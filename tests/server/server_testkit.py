@@ -1,11 +1,12 @@
 """Client-side helpers for the server tests: raw HTTP GETs, whole-stream WebSocket sessions, one input through
-FunASR's protocol."""
+FunASR's protocol, and what a running server's engine hears."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -144,3 +145,21 @@ async def funasr_input(port: int, audio: np.ndarray, mode: str, pace: float = 0.
             messages.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
     return messages
 
+
+@contextlib.contextmanager
+def watch_clips(server: Any) -> Iterator[list[tuple[np.ndarray, float]]]:
+    """What a running server's engine transcribes while the block runs: (a copy of each clip's float32 audio, the
+    stream second of its first sample), in order."""
+    engine = server.worker.engine
+    heard: list[tuple[np.ndarray, float]] = []
+    transcribe_many = engine.transcribe_many
+
+    def watched(clips: Sequence[Any], offsets: Sequence[float], *args: Any, **kwargs: Any) -> Any:
+        heard.extend((np.array(clip.audio, dtype=np.float32), float(offset)) for clip, offset in zip(clips, offsets))
+        return transcribe_many(clips, offsets, *args, **kwargs)
+
+    engine.transcribe_many = watched
+    try:
+        yield heard
+    finally:
+        del engine.transcribe_many

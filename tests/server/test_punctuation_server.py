@@ -11,6 +11,9 @@ text the same audio gives unpunctuated, and each word's times against that same 
     OpenAI     the openai SDK: text and segments punctuated, words as the model wrote them
     Unipad     finals' text punctuated, tokens as the model gave them
     Realtime, Wyoming   a turn's transcript is the upload's punctuated text
+Against FunASR itself (issue 59 point 4): its AutoModel(model=paraformer, punc_model=ct-punc) on the clips our server
+hears (tests/fixtures/funasr_punc.json) gives our FunASR door's text, timestamps and sentences; FunASR's own
+funasr_wss_client.py reads our offline and 2pass results (where $UNIPAD_FUNASR_WSS_CLIENT names a copy of it).
 And the startup checks: a punctuation model as --model, a speech model as --punc, a language the punctuation model
 cannot read, a missing file, both flags: each exits 2 with one line naming the fix.
 """
@@ -19,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +35,12 @@ import websockets
 
 from pipeline.audio import SAMPLE_RATE
 from pipeline.punctuation import Punctuated, Punctuator, load_punctuator
-from pipeline.transcript import join_texts
+from pipeline.transcript import TokenTiming, Transcript, join_texts, starting_at
 from serving import serve_test_server
 from server.cli import build_parser, config_from_args, main
 from server.punctuation_model import DEFAULT_PUNCTUATION, chosen_punctuation
-from server_testkit import funasr_input, http_get, pcm16
+from fixtures.make_funasr_punc_fixture import clip_digest
+from server_testkit import funasr_input, http_get, pcm16, watch_clips
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CLIP = FIXTURES / "paraformer" / "audio.wav"  # one utterance (2.2 s of three_utterances.wav)
@@ -99,6 +105,86 @@ async def test_funasr_door_sends_funasr_text_and_stamp_sents(paraformer_model_di
     assert [m["text"] for m in finals_of(two_pass, "2pass-offline")] == [m["text"] for m in offline]
     online = [m["text"] for m in two_pass if m["mode"] == "2pass-online"]
     assert online and not MARKS.intersection("".join(online))  # partials stay unpunctuated
+
+
+# ---- FunASR itself (issue 59 point 4) ------------------------------------------------------------------------
+
+REFERENCE = json.loads((FIXTURES / "funasr_punc.json").read_text(encoding="utf-8"))
+RECORDINGS = {"three_utterances": FIXTURES / "three_utterances.wav", "paraformer_clip": CLIP,
+              "demo_multi": FIXTURES / "demo" / "multi.wav"}
+CHINESE_FORMS = {",": "，", ".": "。", "?": "？"}  # FunASR's Python sentences write its marks in these forms
+SLACK_MS = 1  # our times are seconds, FunASR's integer ms within the clip plus the clip's offset: rounding
+
+
+def funasr_times(times: list, offset: float, speech_start_ms: int) -> list[list[float]]:
+    """FunASR's [start, end] ms within its clip, where they are in the stream (the clip's offset added), and a word
+    it times before the speech starts moved to the speech start, as every door's words are (pipeline/transcript.py
+    starting_at: the pre-roll is context, not speech)."""
+    words = tuple(TokenTiming(str(i), a / 1000 + offset, b / 1000 + offset) for i, (a, b) in enumerate(times))
+    moved = starting_at(Transcript("", words=words), speech_start_ms / 1000).words
+    return [[w.start * 1000, w.end * 1000] for w in moved]
+
+
+def near(ours: list, theirs: list) -> bool:
+    return len(ours) == len(theirs) and all(abs(a - b) <= SLACK_MS for pair, other in zip(ours, theirs)
+                                            for a, b in zip(pair, other))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDINGS))
+async def test_the_funasr_door_answers_as_funasr_itself(paraformer_model_dir, ct_punc_model_dir, name):
+    """tests/fixtures/funasr_punc.json: FunASR's AutoModel(model=paraformer, punc_model=ct-punc) on the clips our
+    server hears (the same tiny random weights, fp32): the same text and timestamps, and one stamp_sents entry per
+    sentence of FunASR's own timestamp_sentence, with its words, mark and times."""
+    audio, _ = soundfile.read(RECORDINGS[name], dtype="float32")
+    async with serve_test_server(paraformer_model_dir, funasr_port=0, precision="fp32", punc=ct_punc_model_dir) as url:
+        with watch_clips(url.server) as heard:
+            finals = finals_of(await funasr_input(url.server.funasr_port, audio, "offline"), "offline")
+    reference = REFERENCE["recordings"][name]
+    assert [clip_digest(a) for a, _ in heard] == [c["sha256"] for c in reference], (
+        "the server hears other audio than when the fixture was made: run tests/fixtures/make_funasr_punc_fixture.py")
+    assert len(finals) == len(reference)
+    for final, funasr in zip(finals, reference):
+        assert final["text"] == funasr["text"]
+        times = funasr_times(funasr["timestamp"], funasr["offset"], final["start_time"])
+        assert near(json.loads(final["timestamp"]), times)
+        sentences, at = final["stamp_sents"], 0
+        assert len(sentences) == len(funasr["sentence_info"])
+        for ours, theirs in zip(sentences, funasr["sentence_info"]):
+            assert ours["text_seg"].replace(" ", "") == theirs["raw_text"]  # FunASR's Python drops the blanks
+            assert CHINESE_FORMS.get(ours["punc"], ours["punc"]) == theirs["text"][-1]
+            words = times[at:at + len(theirs["timestamp"])]
+            at += len(words)
+            assert near(ours["ts_list"], words) and near([[ours["start"], ours["end"]]], [[words[0][0], words[-1][1]]])
+        assert at == len(times)
+
+
+FUNASR_CLIENT = "UNIPAD_FUNASR_WSS_CLIENT"  # the path of a copy of FunASR's funasr_wss_client.py
+
+
+@pytest.mark.parametrize("mode", ["offline", "2pass"])
+async def test_funasrs_own_python_client_reads_them(paraformer_model_dir, ct_punc_model_dir, tmp_path, mode):
+    """FunASR's runtime/python/websocket/funasr_wss_client.py as its users run it (a WAV as --audio_in, --ssl 0),
+    offline and 2pass (the latter at its real-time pace): the texts it records for the final results (its
+    --log_dir events.jsonl) are FunASR's own for the clip, 2pass-online ones unpunctuated. FunASR's file is not
+    in this repository: $UNIPAD_FUNASR_WSS_CLIENT names a copy (docs/funasr.md says where to get it)."""
+    client = os.environ.get(FUNASR_CLIENT)
+    if not client:
+        pytest.skip(f"${FUNASR_CLIENT} names no copy of FunASR's funasr_wss_client.py (docs/funasr.md)")
+    async with serve_test_server(paraformer_model_dir, funasr_port=0, precision="fp32", punc=ct_punc_model_dir) as url:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, client, "--host", "127.0.0.1", "--port", str(url.server.funasr_port), "--mode", mode,
+            "--ssl", "0", "--audio_in", str(CLIP), "--log_dir", str(tmp_path / "logs"),
+            "--output_dir", str(tmp_path / "out"), cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        printed, _ = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, printed.decode(errors="replace")
+    events = [json.loads(line) for log in (tmp_path / "logs").rglob("events.jsonl")
+              for line in log.read_text(encoding="utf-8").splitlines()]
+    finals = [e["text"] for e in events if e["mode"] == {"2pass": "2pass-offline"}.get(mode, mode) and e["text"]]
+    assert finals == [clip["text"] for clip in REFERENCE["recordings"]["paraformer_clip"]]
+    online = [e["text"] for e in events if e["mode"] == "2pass-online"]
+    assert (mode == "2pass") == bool(online) and not MARKS.intersection("".join(online))
+    assert finals[0] in printed.decode()
 
 
 # ---- Deepgram ----------------------------------------------------------------------------------------------
