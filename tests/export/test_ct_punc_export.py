@@ -114,3 +114,14 @@ def test_a_directory_that_is_not_ct_punc_is_refused(tmp_path: Path, capsys: pyte
     assert main(["ct-punc", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and message in error[0] and not (tmp_path / "out").exists()
+
+
+def test_the_full_sizes_synthetic_vocabulary_can_be_written() -> None:
+    """--random-init full: 272,727 words, past the surrogates (which UTF-8 cannot write) without them."""
+    from export.ct_punc import synthetic_tokens
+    from models.ct_punc import CTPuncDimensions
+
+    tokens = synthetic_tokens(CTPuncDimensions.preset("full").vocab_size)
+    assert len(tokens) == len(set(tokens)) == 272727 and tokens[-1] == "<unk>"
+    "\n".join(tokens).encode("utf-8")
+    assert synthetic_tokens(96)[3:5] == ["一", "丁"]  # the tiny size's as before
