@@ -278,17 +278,22 @@ def aligned(punctuated: Punctuated, words: Sequence[TokenTiming]) -> Punctuation
 
 class PunctuationGraph:
     """The exported graph on ONNX Runtime: each call padded into the smallest word container that holds it
-    (pipeline/shapes.py punctuation_container). On the CPU one session serves every container (its provider
-    compiles nothing per shape); elsewhere each container is a session of its own with every dimension fixed
-    (DirectML specialises its kernels on the first shape it sees). Sessions are made on first use."""
+    (pipeline/shapes.py punctuation_container), or with `open_shapes` run at its own length. On the CPU one
+    session serves every shape (its provider compiles nothing per shape), and the server's runs at their own
+    lengths (load_punctuator: a call's cost grows with its rows, 0.2-0.9 ms a row at ct-punc's sizes on two
+    cores, so a 20-word call padded to 32 paid half as much again); elsewhere each container is a session of its
+    own with every dimension fixed (DirectML specialises its kernels on the first shape it sees). Sessions are
+    made on first use."""
 
     def __init__(self, path: Path, providers: Sequence = ("CPUExecutionProvider",),
                  provider_options: Sequence[dict] | None = None, session_config: dict[str, str] | None = None,
                  containers: tuple[int, ...] = DEFAULT_PUNCTUATION_CONTAINERS, per_container: bool = False,
-                 threads: int = 0) -> None:
+                 threads: int = 0, open_shapes: bool = False) -> None:
+        if open_shapes and per_container:
+            raise ValueError("a graph with a session per container runs its containers' shapes only")
         self.path, self.providers, self.provider_options = Path(path), list(providers), provider_options
         self.session_config = session_config or {}
-        self.containers, self.per_container = containers, per_container
+        self.containers, self.per_container, self.open_shapes = containers, per_container, open_shapes
         self.threads = threads  # intra-op threads; 0: ONNX Runtime's default (one per physical core)
         self.sessions: dict[int | None, object] = {}
 
@@ -310,14 +315,14 @@ class PunctuationGraph:
         return self.sessions[key]
 
     def warm_up(self) -> None:
-        """Every container once, at exactly its shape."""
-        for size in self.containers:
+        """Every container once, at exactly its shape (with open shapes: the session made, and run once)."""
+        for size in self.containers[:1] if self.open_shapes else self.containers:
             self(np.zeros(size, dtype=np.int64))
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         """ids int [words] -> logits float32 [words, classes]."""
         words = len(ids)
-        size = punctuation_container(words, self.containers)
+        size = words if self.open_shapes else punctuation_container(words, self.containers)
         padded = np.zeros((1, size), dtype=np.int32)
         padded[0, :words] = ids
         feeds = dict(zip(PUNCTUATION_INPUT_NAMES, (padded, np.array([words], dtype=np.int32))))
@@ -337,6 +342,7 @@ def load_punctuator(model_dir: str | Path | ModelDirectory, precision: str = "fp
     dims = directory.manifest.dimensions
     config = provider_config(device)
     graph = PunctuationGraph(directory.onnx_path(precision), config.providers, config.provider_options,
-                             config.session_config, per_container=device != "cpu", threads=threads)
+                             config.session_config, per_container=device != "cpu", threads=threads,
+                             open_shapes=device == "cpu")
     vocabulary = Vocabulary.from_tokens(directory.tokens, dims.get("unk_symbol", "<unk>"))
     return Punctuator(vocabulary, dims["punc_list"], dims["sentence_end_id"], graph)
