@@ -69,7 +69,7 @@ def read_punctuation_model(path: Path, model: ModelDirectory) -> ModelDirectory:
 
 
 def punctuation_precision(directory: ModelDirectory) -> str:
-    """fp32 where it was exported (FunASR's own classes; a call costs little: docs/benchmarks.md), else the
-    precision there is."""
+    """fp32 where it was exported (FunASR's own classes; int8 would cost a third less: docs/benchmarks.md,
+    "Punctuation"), else the precision there is."""
     files = directory.manifest.files
     return "fp32" if "fp32" in files else next(iter(files))

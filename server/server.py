@@ -248,9 +248,10 @@ class Server:
         self.listening.set()
 
     def _punctuator(self) -> Punctuator | None:
-        """The punctuation model on the CPU, whatever the speech model's device: a call is milliseconds
-        (docs/benchmarks.md, "Punctuation"), and the device's memory and recovery stay the speech model's. Its
-        sessions are made and warmed on the worker thread, after the engine's."""
+        """The punctuation model on the CPU, whatever the speech model's device (a 10 s final's punctuation is 8-50
+        ms on two cores: docs/benchmarks.md, "Punctuation"; its graph on a GPU is untried): the device's memory and
+        recovery stay the speech model's. Its sessions are made and warmed on the worker thread, after the
+        engine's."""
         if self.punctuation is None:
             return None
         precision = punctuation_precision(self.punctuation)
