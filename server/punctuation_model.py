@@ -23,8 +23,8 @@ from .model_info import spoken_languages
 
 DEFAULT_PUNCTUATION = "ct-punc"  # pipeline/catalog.py's name of FunASR's ct-punc
 DEFAULT_LANGUAGE = "zh"  # a Paraformer that recognises it gets the default punctuation
-FIX = (f"pull it again (`{pull_command(DEFAULT_PUNCTUATION)}`) or export it again (`python -m export ct-punc`), "
-       "or serve without punctuation (--no-punc)")
+FIX = (f"pull it again (`{pull_command(DEFAULT_PUNCTUATION)} --force`) or export it again (`python -m export "
+       "ct-punc`), or serve without punctuation (--no-punc)")
 
 
 def chosen_punctuation(punc: str | Path | None, no_punc: bool, model: ModelDirectory) -> Path | None:

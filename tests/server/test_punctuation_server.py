@@ -40,7 +40,7 @@ from serving import serve_test_server
 from server.cli import build_parser, config_from_args, main
 from server.punctuation_model import DEFAULT_PUNCTUATION, chosen_punctuation
 from fixtures.make_funasr_punc_fixture import clip_digest
-from server_testkit import funasr_input, http_get, pcm16, watch_clips
+from server_testkit import eventually, funasr_input, http_get, pcm16, watch_clips
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CLIP = FIXTURES / "paraformer" / "audio.wav"  # one utterance (2.2 s of three_utterances.wav)
@@ -337,7 +337,7 @@ def test_bad_punctuation_models_are_refused_at_start_naming_the_fix(paraformer_m
         (broken / missing).unlink()
         line = refusal(["--model", str(paraformer_model_dir), "--punc", str(broken)], capsys)
         assert line.startswith(f"unipad: error: --punc {broken}: ") and missing in line
-        assert "`python -m export pull ct-punc`" in line and "--no-punc" in line
+        assert "`python -m export pull ct-punc --force`" in line and "--no-punc" in line
     line = refusal(["--model", str(paraformer_model_dir), "--punc", "no-such-model"], capsys)
     assert "--punc no-such-model: no such directory, and not a known model name" in line
     # a punctuation model that reads only Chinese beside a model that recognises only English
@@ -373,3 +373,51 @@ def test_ct_punc_punctuates_a_chinese_paraformer_by_default_when_pulled(paraform
     assert config_from_args(args).punc == pulled
     args = build_parser().parse_args(["--model", str(paraformer_model_dir), "--no-punc"])
     assert config_from_args(args).punc is None
+
+
+# ---- the worker ------------------------------------------------------------------------------------------------
+
+async def test_the_worker_punctuates_finals_and_uploads_that_ask_never_partials(paraformer_model_dir, punctuator,
+                                                                             caplog):
+    """With the real engine and punctuator: FINAL and BATCH jobs that ask are punctuated, a PARTIAL never, a job
+    that does not ask is not; a punctuation model that fails leaves the final its text (and logs why)."""
+    from pipeline.engine import Engine, EngineOptions
+    from server.metrics import Metrics
+    from server.worker import BATCH, FINAL, PARTIAL, Job, Worker
+
+    loop = asyncio.get_running_loop()
+    got: dict[str, Any] = {}
+    done = loop.create_future()
+    worker = Worker(Engine(paraformer_model_dir, EngineOptions(precision="fp32", threads=1)), loop, Metrics(),
+                    max_finals=8, punctuator=punctuator)
+
+    def deliver(job: Job, transcript: Any, error: Any) -> None:
+        assert error is None
+        got[job.session] = transcript
+        if len(got) == 5:
+            done.set_result(None)
+
+    def job(kind: str, session: str, punctuate: bool = True) -> Job:
+        return Job(session=session, kind=kind, segment=0, start=0.0, end=2.2, audio_start=0.0, audio=clip(),
+                   deliver=deliver, punctuate=punctuate)
+
+    for kind, session in ((FINAL, "final"), (BATCH, "upload"), (PARTIAL, "partial")):
+        worker.submit(job(kind, session))
+    worker.submit(job(FINAL, "not asked", punctuate=False))
+    worker.start()
+    try:
+        await eventually(lambda: len(got) == 4, 60)
+        punctuate, punctuator.punctuate = punctuator.punctuate, lambda text: 1 / 0
+        try:
+            worker.submit(job(FINAL, "failing"))
+            await asyncio.wait_for(done, 60)
+        finally:
+            punctuator.punctuate = punctuate
+    finally:
+        worker.stop(timeout=10)
+    expected = punctuator.punctuate(got["final"].text)
+    for session in ("final", "upload"):
+        assert got[session].punctuation.text == expected.text and got[session].words == got["not asked"].words
+    assert got["partial"].punctuation is None and got["not asked"].punctuation is None
+    assert got["failing"].punctuation is None and got["failing"].text == got["final"].text
+    assert "punctuation failed (session failing, segment 0): ZeroDivisionError" in caplog.text
