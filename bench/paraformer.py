@@ -141,7 +141,8 @@ def time_punctuation(args: argparse.Namespace, engine: Engine, lengths: list[flo
         audio, key = speech_audio(seconds), f"{seconds:g}"
         final = lambda: engine.transcribe_many([Clip(audio)], [0.0])[0]  # noqa: E731 - timed closures
         transcript = final()
-        text = "".join(characters[i % len(characters)] for i in range(max(1, round(seconds * args.punc_words_per_second))))
+        words = max(1, round(seconds * args.punc_words_per_second))
+        text = "".join(characters[i % len(characters)] for i in range(words))
         out["final"][key] = summary(time_runs(final, args.warmup, args.repeats))
         # the punctuation of the transcript whatever it holds (punctuate_transcript leaves a text with marks alone)
         out["punc"][key] = summary(time_runs(lambda: aligned(punctuator.punctuate(transcript.text), transcript.words),

@@ -155,7 +155,7 @@ class Punctuator:
         return Punctuated(out, tuple(classes), tuple(calls), tuple(words), tuple(written), marks)
 
     def mark(self, punctuation: int, word: str) -> str:
-        """The punctuation a class writes after `word`: "，。？、" (their ASCII forms after an ASCII word), or ""."""
+        """The punctuation a class writes after `word`: "，。？、" (ASCII forms after an ASCII word), or ""."""
         mark = self.punc_list[punctuation]
         if mark not in SENTENCE_ENDS + (COMMA, PAUSE):
             return ""
