@@ -10,6 +10,12 @@ path) against FunASR's own export, interleaved so that the machine's load touche
            in --peer-python, a Python with funasr_onnx): its frontend, its session options, its decoding;
            `ratio` = ours / the peer's (wall seconds of the call), `ratio_cpu` the same with each process's
            CPU seconds (less moved by other jobs).
+  * punc   with --punc DIR (a punctuation model: python -m export ct-punc), what punctuating a final adds: the
+           final as the server's worker makes it (Engine.transcribe_many: the two stages and the decoding), and
+           after it, on the same thread, the punctuation of its transcript (the model and the alignment of its
+           words, pipeline/punctuation.py), and of a text of --punc-words-per-second words a second (the length of
+           real speech's transcript; a random model's may be any); `punc_share` is the larger of the two over the
+           final, in per cent (docs/benchmarks.md, "Punctuation").
 Each repeat times ours and the peer on the same clip, each going first in turn. Tables go to stderr; the
 last stdout line is one JSON object with every figure (the engine's containers, token containers, load
 time and memory included).
@@ -38,6 +44,7 @@ from .peer import read_peer_info
 DEFAULT_LENGTHS = (1.0, 2.0, 5.0, 10.0, 20.0, 29.0)
 PEER_PYTHON = Path("/opt/funasr-onnx-venv/bin/python")  # pip install funasr-onnx==0.4.3 (docs/benchmarks.md)
 PEER_SCRIPT = Path(__file__).with_name("funasr_onnx_peer.py")
+PUNC_WORDS_PER_SECOND = 5.0  # characters a second of Mandarin read briskly (each a word to the punctuation model)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {PEER_PYTHON})")
     parser.add_argument("--peer-threads", type=int, help="the intra_op_num_threads passed to funasr_onnx's Paraformer "
                         "(default: none passed, its own default, 4)")
+    parser.add_argument("--punc", type=Path, help="a punctuation model directory: also time a final with and without "
+                        "punctuating it (the server's --punc)")
+    parser.add_argument("--punc-words-per-second", type=float, default=PUNC_WORDS_PER_SECOND,
+                        help="words a second of the text punctuated beside the transcript (default %(default)g: "
+                             "Mandarin read briskly, a character a word)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--save", type=Path, help="also write the JSON here")
@@ -112,6 +124,40 @@ def interleaved(ours, peer, warmup: int, repeats: int) -> tuple[list[tuple[float
     return times
 
 
+def time_punctuation(args: argparse.Namespace, engine: Engine, lengths: list[float]) -> dict:
+    """Per clip length: a final's seconds (transcribe_many, as the worker runs it), its transcript's punctuation's
+    and a text's of the same length's (--punc-words-per-second), and the larger share of the two, in per cent."""
+    from pipeline.punctuation import aligned, load_punctuator, split_words
+    from server.punctuation_model import punctuation_precision
+
+    directory = read_model_directory(args.punc)
+    punctuator = load_punctuator(directory, punctuation_precision(directory), "cpu", threads=args.threads)
+    punctuator.warm_up()
+    characters = [t for t in directory.tokens if len(t) == 1 and not t.isascii()]  # single-character words
+    out: dict = {"model": directory.manifest.name, "precision": punctuation_precision(directory),
+                 "dimensions": {k: v for k, v in directory.manifest.dimensions.items() if k != "punc_list"},
+                 "final": {}, "punc": {}, "punc_text": {}, "words": {}, "text_words": {}, "punc_share": {}}
+    for seconds in lengths:
+        audio, key = speech_audio(seconds), f"{seconds:g}"
+        final = lambda: engine.transcribe_many([Clip(audio)], [0.0])[0]  # noqa: E731 - timed closures
+        transcript = final()
+        words = max(1, round(seconds * args.punc_words_per_second))
+        text = "".join(characters[i % len(characters)] for i in range(words))
+        out["final"][key] = summary(time_runs(final, args.warmup, args.repeats))
+        # the punctuation of the transcript whatever it holds (punctuate_transcript leaves a text with marks alone)
+        out["punc"][key] = summary(time_runs(lambda: aligned(punctuator.punctuate(transcript.text), transcript.words),
+                                             args.warmup, args.repeats))
+        out["punc_text"][key] = summary(time_runs(lambda: punctuator.punctuate(text), args.warmup, args.repeats))
+        out["words"][key], out["text_words"][key] = len(split_words(transcript.text)), len(split_words(text))
+        larger = max(out["punc"][key]["median"], out["punc_text"][key]["median"])
+        out["punc_share"][key] = round(100 * larger / out["final"][key]["median"], 2)
+        say(f"[punc {out['precision']}] {key} s: final {out['final'][key]['median'] * 1000:.1f} ms; punctuation "
+            f"{out['punc'][key]['median'] * 1000:.2f} ms ({out['words'][key]} words), "
+            f"{out['punc_text'][key]['median'] * 1000:.2f} ms ({out['text_words'][key]} words): "
+            f"{out['punc_share'][key]} % of the final")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     directory = read_model_directory(args.model)
     if family_of(directory.manifest) is not PARAFORMER:
@@ -158,6 +204,8 @@ def run_precision(args: argparse.Namespace, precision: str, lengths: list[float]
         say(f"[{precision}] {key} s ({part['tokens'][key]} tokens): ours {part['ours'][key]['median']:.3f} s"
             + (f"; peer {part['peer'][key]['median']:.3f} s (ratio {part['ratio'][key]}, CPU seconds' ratio "
                f"{part['ratio_cpu'][key]})" if peer else ""))
+    if args.punc is not None:
+        part["punctuation"] = time_punctuation(args, engine, lengths)
     part["unwarmed_calls"], part["cold_shape_calls"] = stats.unwarmed_calls, stats.cold_shape_calls
     part["open_step"] = engine.policy.step  # samples; 0: every clip in a warmed container
     result["precisions"][precision] = part

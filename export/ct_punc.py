@@ -19,6 +19,7 @@ jieba's words, which pipeline/punctuation.py does not), a tokenizer with a segme
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 from pipeline.families import CT_TRANSFORMER
@@ -48,12 +49,15 @@ SYNTHETIC_WORDS = ("hello", "world", "open", "the", "window", "please", "ok", "i
 
 
 def synthetic_tokens(vocab_size: int) -> list[str]:
-    """A placeholder vocabulary for random weights: <blank>, <s>, </s>, Chinese characters, a few English
-    words, and <unk> last."""
+    """A placeholder vocabulary for random weights: <blank>, <s>, </s>, Chinese characters (then the code points
+    after them, the surrogates skipped: UTF-8 cannot write those, and the full size's 272,727 words reach them),
+    a few English words, and <unk> last."""
     count = vocab_size - 4 - len(SYNTHETIC_WORDS)
     if count < 8:
         raise ValueError(f"vocab_size {vocab_size} is too small for a synthetic vocabulary")
-    return ["<blank>", "<s>", "</s>"] + [chr(0x4E00 + i) for i in range(count)] + list(SYNTHETIC_WORDS) + [UNK_SYMBOL]
+    characters = (chr(c) for c in itertools.count(0x4E00) if not 0xD800 <= c <= 0xDFFF)
+    return (["<blank>", "<s>", "</s>"] + list(itertools.islice(characters, count)) + list(SYNTHETIC_WORDS)
+            + [UNK_SYMBOL])
 
 
 def random_model(size: str, seed: int):

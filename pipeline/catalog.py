@@ -252,9 +252,9 @@ def pull_command(name: str) -> str:
     return f"python -m export pull {name}"
 
 
-def resolve_model(value: str | Path) -> Path:
-    """A --model value to a model directory: an existing directory as given, else a catalogue name in
-    the cache. Raises ModelLoadError with one line saying how to get the model."""
+def resolve_model(value: str | Path, flag: str = "--model") -> Path:
+    """A --model (or `flag`) value to a model directory: an existing directory as given, else a catalogue name
+    in the cache. Raises ModelLoadError with one line saying how to get the model."""
     path, name = Path(value).expanduser(), str(value)  # "~/x" quoted, or from a Windows shell that leaves it
     if path.is_dir() or name not in MODELS and (path.is_absolute() or len(path.parts) > 1):
         return path  # a path: read_model_directory reports what is wrong with it
@@ -265,7 +265,7 @@ def resolve_model(value: str | Path) -> Path:
                                  path=str(cached))
         return cached
     raise ModelLoadError(
-        f"--model {name}: no such directory, and not a known model name ({', '.join(sorted(MODELS))}); "
+        f"{flag} {name}: no such directory, and not a known model name ({', '.join(sorted(MODELS))}); "
         f"get one with `{pull_command('NAME')}`", path=name)
 
 

@@ -23,9 +23,15 @@ funasr/ct-punc (the same model without the dictionary) and the 272,727-word ct-p
 Sans-I/O beside the graph: `Punctuator` takes any function from a call's ids to their logits;
 `PunctuationGraph` is the exported graph on ONNX Runtime, each call padded into its word container
 (pipeline/shapes.py), and `load_punctuator` builds both from a model directory. numpy and onnxruntime only.
+For the server: `punctuate_transcript` gives a final's Transcript its Punctuation (pipeline/transcript.py): the
+text above, each of the transcript's words as that text writes it and its sentences (`aligned`: FunASR's
+words matched with the transcript's by their characters; the words' times are the transcript's, unchanged);
+`punctuation_languages` says which languages a model's vocabulary reads (the server's check at start).
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,8 +40,9 @@ import numpy as np
 
 from .errors import ModelLoadError
 from .families import CT_TRANSFORMER
-from .modeldir import PUNCTUATION_FREE_DIMENSIONS, PUNCTUATION_INPUT_NAMES, read_model_directory
+from .modeldir import PUNCTUATION_FREE_DIMENSIONS, PUNCTUATION_INPUT_NAMES, ModelDirectory, read_model_directory
 from .shapes import DEFAULT_PUNCTUATION_CONTAINERS, punctuation_container
+from .transcript import Punctuation, Sentence, TokenTiming, Transcript, is_cjk
 
 SPLIT_SIZE = 20  # words per mini-sentence (CTTransformer.inference's split_size default)
 CACHE_POP_TRIGGER_LIMIT = 200  # past this many words without a sentence end, a call is cut at its last comma
@@ -100,11 +107,17 @@ class Vocabulary:
 class Punctuated:
     """text: the punctuated text, as FunASR's inference returns it ("" for a blank one). classes: one class per
     word (FunASR's punc_array: its final edits included), None for a blank text. calls: the ids of each call of
-    the model, in order (a call is a mini-sentence with the words carried into it)."""
+    the model, in order (a call is a mini-sentence with the words carried into it). Per word of the text
+    (split_words), in order: `words` as given, `written` as the text writes it (capitalised where FunASR
+    capitalises; no blank), `marks` the punctuation the text writes after it, in its ASCII form after an ASCII
+    word ("" for none; a "<unk>" class is no mark, though FunASR writes "<unk>" in the text)."""
 
     text: str
     classes: tuple[int, ...] | None
     calls: tuple[tuple[int, ...], ...] = ()
+    words: tuple[str, ...] = ()
+    written: tuple[str, ...] = ()
+    marks: tuple[str, ...] = ()
 
 
 class Punctuator:
@@ -122,7 +135,7 @@ class Punctuator:
         words = split_words(text)
         chunks = split_to_mini_sentence(words, self.split_size)
         id_chunks = split_to_mini_sentence(self.vocabulary.encode(words), self.split_size)
-        cache, cache_ids, out, classes, calls = [], [], "", [], []
+        cache, cache_ids, out, classes, calls, written = [], [], "", [], [], []
         for index, (chunk, chunk_ids) in enumerate(zip(chunks, id_chunks)):
             sentence, ids = cache + chunk, cache_ids + chunk_ids
             calls.append(tuple(ids))
@@ -131,11 +144,28 @@ class Punctuator:
                 end = self.cut(punctuation, len(sentence))
                 cache, cache_ids = sentence[end + 1:], ids[end + 1:]
                 sentence, punctuation = sentence[:end + 1], punctuation[:end + 1]
-            out += self.join(sentence, punctuation)
+            text, forms = self.join(sentence, punctuation)
+            out, written = out + text, written + forms
             if index == len(chunks) - 1:
                 out = self.close(out, punctuation)
             classes += punctuation
-        return Punctuated(out, tuple(classes), tuple(calls))
+        # the text ends with a sentence end (close), written after the last word: "." even after a Chinese word
+        # whose "<unk>" class FunASR wrote as "<unk>"
+        marks = tuple(self.mark(c, w) for c, w in zip(classes[:-1], words)) + (out[-1],)
+        return Punctuated(out, tuple(classes), tuple(calls), tuple(words), tuple(written), marks)
+
+    def mark(self, punctuation: int, word: str) -> str:
+        """The punctuation a class writes after `word`: "，。？、" (ASCII forms after an ASCII word), or ""."""
+        mark = self.punc_list[punctuation]
+        if mark not in SENTENCE_ENDS + (COMMA, PAUSE):
+            return ""
+        return ASCII_FORMS.get(mark, mark) if is_ascii(word) else mark
+
+    def warm_up(self) -> None:
+        """Run every word container once, where `logits` is a graph that has them (PunctuationGraph)."""
+        warm_up = getattr(self.logits, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
 
     def cut(self, punctuation: list[int], words: int) -> int:
         """Where a call that is not the last ends: its last sentence end, searched from its second-to-last word
@@ -152,12 +182,13 @@ class Punctuator:
             return last_comma
         return -1
 
-    def join(self, sentence: list[str], punctuation: list[int]) -> str:
-        """One call's words and their punctuation as FunASR writes them."""
-        words, parts = list(sentence), []
+    def join(self, sentence: list[str], punctuation: list[int]) -> tuple[str, list[str]]:
+        """One call's words and their punctuation as FunASR writes them; and each word as written (no blank)."""
+        words, parts, written = list(sentence), [], []
         for i, word in enumerate(words):
             if (i == 0 or self.punc_list[punctuation[i - 1]] in SENTENCE_ENDS) and is_ascii(word):
                 word = word.capitalize()
+            written.append(word)
             if is_ascii(word) and (i == 0 or is_ascii(words[i - 1])):
                 word = " " + word
             words[i] = word
@@ -165,7 +196,7 @@ class Punctuator:
             mark = self.punc_list[punctuation[i]]
             if mark != NONE:
                 parts.append(ASCII_FORMS.get(mark, mark) if is_ascii(word) else mark)
-        return "".join(parts)
+        return "".join(parts), written
 
     def close(self, text: str, punctuation: list[int]) -> str:
         """The end of the text: a final "，", "、" or "," becomes a sentence end, a text ending otherwise gets one
@@ -187,18 +218,83 @@ class Punctuator:
         return text
 
 
+LANGUAGE_SHARE = 0.01  # a language is read when this share of the vocabulary's words is written in its script
+_LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z']*")
+
+
+def punctuation_languages(tokens: Sequence[str]) -> tuple[str, ...]:
+    """The languages a punctuation model's vocabulary reads (a word outside it is "<unk>" to the model): "zh"
+    where at least LANGUAGE_SHARE of its words are Han characters, "en" where as many are Latin words."""
+    han = sum(1 for t in tokens if t and is_cjk(t[0]) and not 0x3000 <= ord(t[0]) <= 0x30FF)
+    latin = sum(1 for t in tokens if _LATIN_WORD.fullmatch(t))
+    least = LANGUAGE_SHARE * len(tokens)
+    return tuple(code for code, count in (("zh", han), ("en", latin)) if count and count >= least)
+
+
+# A text holding any of these was punctuated by its speech model (SenseVoice with ITN, Qwen3-ASR): left as it is.
+WRITTEN_MARKS = frozenset("，。？！、；：,.?!;:")
+
+
+def punctuate_transcript(punctuator: Punctuator, transcript: Transcript) -> Transcript:
+    """`transcript` with its Punctuation (the punctuator's text of transcript.text; its words' punctuated forms
+    and its sentences, `aligned`); words, tokens and times unchanged. A blank text, or one that already holds
+    punctuation (WRITTEN_MARKS), comes back as it was."""
+    if not transcript.text.strip() or WRITTEN_MARKS.intersection(transcript.text):
+        return transcript
+    return dataclasses.replace(transcript, punctuation=aligned(punctuator.punctuate(transcript.text), transcript.words))
+
+
+def aligned(punctuated: Punctuated, words: Sequence[TokenTiming]) -> Punctuation:
+    """FunASR's words of a text (split_words) aligned with the transcript's words by their characters (blanks
+    aside): each transcript word written as the punctuated text writes those characters (capitalised where it
+    is), followed by the mark of each FunASR word that ends inside it (one word each, as a rule: a CJK character,
+    or an ASCII word); a sentence ends with each word that ends in a mark, and the words after the last mark
+    make one more, with no mark. Where the two spell different characters (a transcript whose text is not its
+    words'), the words stay as they are and make one sentence."""
+    spelled = "".join(w.text for w in words)
+    if spelled != "".join(punctuated.words) or any(map(lambda a, b: len(a) != len(b), punctuated.words,
+                                                       punctuated.written)):
+        return Punctuation(punctuated.text, tuple(w.text for w in words),
+                           (Sentence(tuple(words), ""),) if words else ())
+    characters = "".join(punctuated.written)
+    after = [""] * len(characters)  # the mark written after each character
+    end = 0
+    for word, mark in zip(punctuated.words, punctuated.marks):
+        end += len(word)
+        after[end - 1] = mark
+    forms, sentences, current, at = [], [], [], 0
+    for word in words:
+        span = range(at, at + len(word.text))
+        forms.append("".join(characters[i] + after[i] for i in span))
+        current.append(word)
+        at = span.stop
+        if after[at - 1]:
+            sentences.append(Sentence(tuple(current), after[at - 1]))
+            current = []
+    if current:
+        sentences.append(Sentence(tuple(current), ""))
+    return Punctuation(punctuated.text, tuple(forms), tuple(sentences))
+
+
 class PunctuationGraph:
     """The exported graph on ONNX Runtime: each call padded into the smallest word container that holds it
-    (pipeline/shapes.py punctuation_container). On the CPU one session serves every container (its provider
-    compiles nothing per shape); elsewhere each container is a session of its own with every dimension fixed
-    (DirectML specialises its kernels on the first shape it sees). Sessions are made on first use."""
+    (pipeline/shapes.py punctuation_container), or with `open_shapes` run at its own length. On the CPU one
+    session serves every shape (its provider compiles nothing per shape), and the server's runs at their own
+    lengths (load_punctuator: a call's cost grows with its rows, 0.2-0.9 ms a row at ct-punc's sizes on two
+    cores, so a 20-word call padded to 32 paid half as much again); elsewhere each container is a session of its
+    own with every dimension fixed (DirectML specialises its kernels on the first shape it sees). Sessions are
+    made on first use."""
 
     def __init__(self, path: Path, providers: Sequence = ("CPUExecutionProvider",),
                  provider_options: Sequence[dict] | None = None, session_config: dict[str, str] | None = None,
-                 containers: tuple[int, ...] = DEFAULT_PUNCTUATION_CONTAINERS, per_container: bool = False) -> None:
+                 containers: tuple[int, ...] = DEFAULT_PUNCTUATION_CONTAINERS, per_container: bool = False,
+                 threads: int = 0, open_shapes: bool = False) -> None:
+        if open_shapes and per_container:
+            raise ValueError("a graph with a session per container runs its containers' shapes only")
         self.path, self.providers, self.provider_options = Path(path), list(providers), provider_options
         self.session_config = session_config or {}
-        self.containers, self.per_container = containers, per_container
+        self.containers, self.per_container, self.open_shapes = containers, per_container, open_shapes
+        self.threads = threads  # intra-op threads; 0: ONNX Runtime's default (one per physical core)
         self.sessions: dict[int | None, object] = {}
 
     def session(self, size: int):
@@ -208,6 +304,7 @@ class PunctuationGraph:
         key = size if self.per_container else None
         if key not in self.sessions:
             options = ort.SessionOptions()
+            options.intra_op_num_threads = self.threads
             for entry, value in self.session_config.items():
                 options.add_session_config_entry(entry, value)
             if key is not None:
@@ -218,31 +315,34 @@ class PunctuationGraph:
         return self.sessions[key]
 
     def warm_up(self) -> None:
-        """Every container once, at exactly its shape."""
-        for size in self.containers:
+        """Every container once, at exactly its shape (with open shapes: the session made, and run once)."""
+        for size in self.containers[:1] if self.open_shapes else self.containers:
             self(np.zeros(size, dtype=np.int64))
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         """ids int [words] -> logits float32 [words, classes]."""
         words = len(ids)
-        size = punctuation_container(words, self.containers)
+        size = words if self.open_shapes else punctuation_container(words, self.containers)
         padded = np.zeros((1, size), dtype=np.int32)
         padded[0, :words] = ids
         feeds = dict(zip(PUNCTUATION_INPUT_NAMES, (padded, np.array([words], dtype=np.int32))))
         return self.session(size).run(None, feeds)[0][0, :words]
 
 
-def load_punctuator(model_dir: str | Path, precision: str = "fp32", device: str = "cpu") -> Punctuator:
-    """A Punctuator on the model directory's graph of `precision` (ModelLoadError for another kind of model)."""
+def load_punctuator(model_dir: str | Path | ModelDirectory, precision: str = "fp32", device: str = "cpu",
+                    threads: int = 0) -> Punctuator:
+    """A Punctuator on the model directory's graph of `precision` (ModelLoadError for another kind of model);
+    its sessions are made on first use (or by Punctuator.warm_up)."""
     from .providers import provider_config
 
-    directory = read_model_directory(model_dir)
+    directory = model_dir if isinstance(model_dir, ModelDirectory) else read_model_directory(model_dir)
     if directory.manifest.architecture != CT_TRANSFORMER.architecture:
         raise ModelLoadError(f"{directory.path} holds a {directory.manifest.architecture} model, not a punctuation "
                              "model", path=str(directory.path))
     dims = directory.manifest.dimensions
     config = provider_config(device)
     graph = PunctuationGraph(directory.onnx_path(precision), config.providers, config.provider_options,
-                             config.session_config, per_container=device != "cpu")
+                             config.session_config, per_container=device != "cpu", threads=threads,
+                             open_shapes=device == "cpu")
     vocabulary = Vocabulary.from_tokens(directory.tokens, dims.get("unk_symbol", "<unk>"))
     return Punctuator(vocabulary, dims["punc_list"], dims["sentence_end_id"], graph)

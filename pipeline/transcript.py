@@ -23,6 +23,34 @@ class TokenTiming:
 
 
 @dataclass(frozen=True)
+class Sentence:
+    """A run of a punctuated transcript's words up to a punctuation mark (a clause after "，" too, as FunASR
+    cuts its sentences) and that mark ("" for words after the last mark)."""
+
+    words: tuple[TokenTiming, ...]  # the transcript's own words, times unchanged
+    mark: str
+
+    @property
+    def start(self) -> float:
+        return self.words[0].start
+
+    @property
+    def end(self) -> float:
+        return self.words[-1].end
+
+
+@dataclass(frozen=True)
+class Punctuation:
+    """What a punctuation model made of a transcript (pipeline/punctuation.py punctuate_transcript): its text as
+    the model writes it, each of the transcript's words as that text writes it ("Hello," for "hello"), and its
+    sentences. The transcript's words and times stay as they were."""
+
+    text: str
+    words: tuple[str, ...]  # one per Transcript.words
+    sentences: tuple[Sentence, ...]
+
+
+@dataclass(frozen=True)
 class Transcript:
     text: str
     language: str | None = None  # "en", "zh", ... (the tag's inner text); None when the model gave none
@@ -30,6 +58,13 @@ class Transcript:
     event: str | None = None  # "Speech", "BGM", "Laughter", ...
     tokens: tuple[TokenTiming, ...] = ()
     words: tuple[TokenTiming, ...] = ()  # tokens merged into words (each CJK character is a word)
+    punctuation: Punctuation | None = None  # a final's, where the server punctuates it (--punc)
+
+    @property
+    def punctuated_text(self) -> str:
+        """The punctuated text where a punctuation model punctuated the transcript (without the blank FunASR
+        writes before a text that opens with a Latin word), else its text."""
+        return self.text if self.punctuation is None else self.punctuation.text.strip()
 
 
 def starting_at(transcript: Transcript, speech_start: float) -> Transcript:
@@ -148,9 +183,10 @@ def merge_words(tokens: Sequence[TokenTiming]) -> list[TokenTiming]:
 
 
 def join_texts(texts: Sequence[str]) -> str:
-    """Segments' texts as one: a space between them, none after a CJK character (FunASR's Chinese output)."""
+    """Segments' texts as one: a space between them, none after a CJK character (FunASR's Chinese output) or
+    before a text that opens with one (FunASR's punctuated text before a Latin word)."""
     out = ""
     for text in texts:
         if text:
-            out += ("" if not out or is_cjk(out[-1]) else " ") + text
+            out += ("" if not out or is_cjk(out[-1]) or text[0].isspace() else " ") + text
     return out

@@ -20,6 +20,7 @@ from pipeline.vad import VADS
 from .config import (DEFAULT_MODEL_DIR, LOG_FORMATS, LOG_LEVELS, TOKEN_ENV, ServerConfig, config_from_env, split_list,
                      validate_config)
 from .logs import configure_logging
+from .punctuation_model import DEFAULT_PUNCTUATION, chosen_punctuation, read_punctuation_model
 
 EXIT_USAGE = 2
 MAX_OPEN_FILES = 1 << 20  # the soft limit raise_open_file_limit asks for at most (Linux's nr_open default)
@@ -115,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "both from one live stream, as pipecat's OpenAISTTService does) is heard after the end of it")
     p.add_argument("--hotwords", type=Path, default=None,
                    help="file of hotwords for every stream, one a line, optionally TAB and a boost (default: none)")
+    p.add_argument("--punc", metavar="NAME_OR_DIR", default=None,
+                   help="punctuate finals with this punctuation model: a name pulled with `python -m export pull NAME` "
+                        f"(e.g. {DEFAULT_PUNCTUATION}) or a model directory (default: {DEFAULT_PUNCTUATION} when the "
+                        "model is a Chinese Paraformer and ct-punc is pulled, else none)")
+    p.add_argument("--no-punc", action="store_true", help="no punctuation model, whatever the default")
     p.add_argument("--log-level", default=d.log_level, choices=LOG_LEVELS, help="log verbosity")
     p.add_argument("--log-format", default=d.log_format, choices=LOG_FORMATS,
                    help="text, or json: one object per line (time, level, logger, message, fields)")
@@ -141,6 +147,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     values["allowed_origins"] = split_list(args.allowed_origins)
     values["forwarded_allow_ips"] = split_list(args.forwarded_allow_ips)
     values["model"] = resolve_model(args.model)  # a catalogue name -> its directory in the cache
+    # --punc's name -> its directory, --no-punc, or the default for the model (server/punctuation_model.py)
+    values["punc"] = chosen_punctuation(args.punc, args.no_punc, read_model_directory(values["model"]))
     return validate_config(config_from_env(ServerConfig(**values)))
 
 
@@ -179,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         family_for(model)  # a family serves it (an old single-graph Paraformer export: re-export it)
         if config.hotwords:
             read_model_hotwords(config.hotwords, model)
+        if config.punc is not None:
+            read_punctuation_model(config.punc, model)
     except (ValueError, UnipadError) as exc:
         print(f"unipad: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

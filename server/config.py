@@ -79,6 +79,8 @@ class ServerConfig:
     # live client's VAD cut both from one stream) is heard after the end of that one (server/upload_sequence.py)
     join_uploads: bool = True
     hotwords: Path | None = None  # server-wide hotwords, one a line (pipeline/hotwords.py read_hotwords_file)
+    # The punctuation model's directory (--punc, or the default: server/punctuation_model.py); None: none
+    punc: Path | None = None
     log_level: str = "info"
     log_format: str = "text"  # text, or json lines
 

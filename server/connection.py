@@ -108,7 +108,7 @@ class Connection(StreamConnection):
     def _job_options(self) -> dict[str, Any]:
         assert self.start is not None
         return {"deliver": self._on_result, "language": self.start.language, "itn": self.start.itn,
-                "hotwords": self._hotwords}
+                "hotwords": self._hotwords, "punctuate": True}
 
     def _count_final(self) -> None:
         self._segments += 1
@@ -121,7 +121,7 @@ class Connection(StreamConnection):
             message: Any = Error(code=error.code, message=str(error), segment=job.segment)
         else:
             message = Final(
-                segment=job.segment, text=transcript.text, start=job.start, end=job.end,
+                segment=job.segment, text=transcript.punctuated_text, start=job.start, end=job.end,
                 language=transcript.language, emotion=transcript.emotion, event=transcript.event,
                 tokens=[TokenTime(t.text, t.start, t.end) for t in transcript.tokens],
             )

@@ -135,6 +135,7 @@ class DeepgramFile(FileTranscription):
     def __init__(self, app: Server, exchange: HttpExchange, options: ListenOptions, request_id: str) -> None:
         super().__init__(app, exchange)
         self.options, self.request_id = options, request_id
+        self.punctuate = options.punctuate  # Deepgram punctuates only when asked (punctuate=true)
 
     async def run(self, request: HttpRequest) -> None:
         # counted like a stream from before its body is read, as every door's upload (server/uploads.py)
@@ -214,8 +215,9 @@ class DeepgramFile(FileTranscription):
         out = []
         try:
             async with contextlib.aclosing(self.segment_results(blocks, self.options.language, unavailable)) as results:
-                async for final, words in results:
-                    out.append(Utterance(channel, final.start, final.end, final.text, tuple(words)))
+                async for final, words, punctuated in results:
+                    out.append(Utterance(channel, final.start, final.end, final.text, tuple(words),
+                                         None if punctuated is None else tuple(punctuated)))
         except AudioFormatError as exc:
             raise DeepgramError(400, f"failed to process audio: {exc}") from None
         return out

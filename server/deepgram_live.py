@@ -277,7 +277,8 @@ class DeepgramConnection(StreamConnection):
                                         channel.continuation if kind == FINAL else None)
         job = Job(session=channel.worker_id, kind=kind, segment=event.segment, start=event.start, end=event.end,
                   audio_start=event.audio_start, audio=event.audio, arrived=arrived, context=context, said=said,
-                  deliver=self._on_result, language=self.options.language, hotwords=self._hotwords)
+                  deliver=self._on_result, language=self.options.language, hotwords=self._hotwords,
+                  punctuate=self.options.punctuate)
         if kind == PARTIAL:  # the worker keeps one partial per channel: the ones it replaced never come back
             self._jobs = {j for j in self._jobs if j.kind != PARTIAL or j.session != channel.worker_id}
         self._jobs.add(job)
@@ -308,8 +309,10 @@ class DeepgramConnection(StreamConnection):
             self._put(error_message(f"inference failed for the segment at {job.start:.2f}-{job.end:.2f} s: {error}",
                                     error.code), arrived=job.arrived)
             return
-        self._put(results(channel.index, len(self._channels), job.start, job.end, transcript.text, transcript.words,
-                          True, speech_final, from_finalize, self.metadata), arrived=job.arrived)
+        punctuation = transcript.punctuation  # with punctuate=true and a punctuation model (--punc)
+        self._put(results(channel.index, len(self._channels), job.start, job.end, transcript.punctuated_text,
+                          transcript.words, True, speech_final, from_finalize, self.metadata,
+                          None if punctuation is None else punctuation.words), arrived=job.arrived)
         if transcript.words:
             channel.last_word_end, channel.utterance_open = transcript.words[-1].end, True
         self._utterance_ends()

@@ -12,8 +12,10 @@ What maps to what (docs/deepgram.md says it for users):
                      after the server's --end-silence, with speech_final false; absent: --end-silence
     keywords         "word:intensifier" -> a hotword with boost DEFAULT_BOOST x intensifier (at most MAX_BOOST);
                      an intensifier <= 0 (suppression) is dropped. keyterm: a hotword with DEFAULT_BOOST.
-    punctuate, smart_format, diarize, filler_words, numerals, ... accepted and not applied (the model
-                     writes its own text); unknown parameters are accepted too, as Deepgram does.
+    punctuate        true: finals' transcripts as the server's punctuation model writes them (--punc), each
+                     word's punctuated_word too ("Hello,"); without a punctuation model, or false: the model's text
+    smart_format, diarize, filler_words, numerals, ... accepted and not applied (the model writes its own
+                     text); unknown parameters are accepted too, as Deepgram does.
 Word and transcript confidences are 1.0 (0.0 for an empty transcript): the engine gives no per-word scores.
 """
 from __future__ import annotations
@@ -67,6 +69,7 @@ class ListenOptions:
     utterance_end_ms: int | None = None
     vad_events: bool = False
     utterances: bool = False  # pre-recorded: results.utterances
+    punctuate: bool = False  # finals punctuated by the server's punctuation model, where it has one
     hotwords: tuple[Hotword, ...] = ()  # keywords and keyterm
     ignored: tuple[str, ...] = ()  # parameters accepted and not applied (logged)
 
@@ -139,7 +142,7 @@ def parse_listen_query(query: str, languages: Iterable[str]) -> ListenOptions:
         fields["sample_rate"] = _int("sample_rate", single["sample_rate"], MIN_INPUT_RATE, MAX_INPUT_RATE)
     if "channels" in single:
         fields["channels"] = _int("channels", single["channels"], 1, MAX_CHANNELS)
-    for name in ("multichannel", "interim_results", "vad_events", "utterances"):
+    for name in ("multichannel", "interim_results", "vad_events", "utterances", "punctuate"):
         if name in single:
             fields[name] = _flag(name, single[name])
     if "endpointing" in single:
@@ -183,29 +186,32 @@ def plain_word(text: str) -> str:
     return re.sub(r"^[^\w']+|[^\w']+$", "", text.strip()).lower() or text.strip().lower()
 
 
-def words_of(words: Sequence[Any], speaker: int | None = None) -> list[dict[str, Any]]:
-    """Transcript words (text, start, end in stream seconds) -> Deepgram's words[]."""
+def words_of(words: Sequence[Any], punctuated: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Transcript words (text, start, end in stream seconds) -> Deepgram's words[]; `punctuated`: each word as the
+    punctuated transcript writes it (its punctuated_word), else the model's own."""
     out = []
-    for w in words:
+    for i, w in enumerate(words):
         if not w.text.strip():
             continue
         item = {"word": plain_word(w.text), "start": round(w.start, 3), "end": round(w.end, 3), "confidence": 1.0,
-                "punctuated_word": w.text.strip()}
+                "punctuated_word": (w.text if punctuated is None else punctuated[i]).strip()}
         out.append(item)
     return out
 
 
-def alternative(text: str, words: Sequence[Any]) -> dict[str, Any]:
+def alternative(text: str, words: Sequence[Any], punctuated: Sequence[str] | None = None) -> dict[str, Any]:
     text = text.strip()
-    return {"transcript": text, "confidence": 1.0 if text else 0.0, "words": words_of(words)}
+    return {"transcript": text, "confidence": 1.0 if text else 0.0, "words": words_of(words, punctuated)}
 
 
 def results(channel: int, channels: int, start: float, end: float, text: str, words: Sequence[Any],
-            is_final: bool, speech_final: bool, from_finalize: bool, metadata: dict[str, Any]) -> dict[str, Any]:
-    """A Results message: an interim (is_final false) or final transcript of [start, end] stream seconds."""
+            is_final: bool, speech_final: bool, from_finalize: bool, metadata: dict[str, Any],
+            punctuated: Sequence[str] | None = None) -> dict[str, Any]:
+    """A Results message: an interim (is_final false) or final transcript of [start, end] stream seconds
+    (`punctuated`: each word's punctuated_word, for a punctuated transcript)."""
     return {"type": "Results", "channel_index": [channel, channels], "duration": round(max(0.0, end - start), 3),
             "start": round(start, 3), "is_final": is_final, "speech_final": speech_final,
-            "from_finalize": from_finalize, "channel": {"alternatives": [alternative(text, words)]},
+            "from_finalize": from_finalize, "channel": {"alternatives": [alternative(text, words, punctuated)]},
             "metadata": metadata}
 
 
@@ -250,6 +256,7 @@ class Utterance:
     end: float
     text: str
     words: tuple[Any, ...]
+    punctuated: tuple[str, ...] | None = None  # each word as the punctuated text writes it; None: not punctuated
 
 
 def prerecorded_body(metadata: dict[str, Any], utterances: Sequence[Utterance], channels: int,
@@ -259,12 +266,13 @@ def prerecorded_body(metadata: dict[str, Any], utterances: Sequence[Utterance], 
     for ch in range(channels):
         mine = [u for u in utterances if u.channel == ch]
         text = " ".join(u.text.strip() for u in mine if u.text.strip())
-        out.append({"alternatives": [alternative(text, [w for u in mine for w in u.words])]})
+        punctuated = [p for u in mine for p in (u.punctuated or [w.text for w in u.words])]
+        out.append({"alternatives": [alternative(text, [w for u in mine for w in u.words], punctuated)]})
     body: dict[str, Any] = {"metadata": metadata, "results": {"channels": out}}
     if with_utterances:
         body["results"]["utterances"] = [
             {"start": round(u.start, 3), "end": round(u.end, 3), "confidence": 1.0, "channel": u.channel,
-             "transcript": u.text.strip(), "words": words_of(u.words), "id": str(uuid.uuid4())}
+             "transcript": u.text.strip(), "words": words_of(u.words, u.punctuated), "id": str(uuid.uuid4())}
             for u in utterances if u.text.strip()]
     return body
 

@@ -265,8 +265,9 @@ class FunasrConnection(StreamConnection):
         return error_message(self.config.wav_name, code, message)
 
     def _job_options(self) -> dict[str, Any]:
+        # finals punctuated where they go out whole (offline, 2pass-offline); online finals are deltas of live text
         return {"deliver": functools.partial(self._on_input_result, self._input), "language": self.config.svs_lang,
-                "itn": self._itn(), "hotwords": self._hotwords}
+                "itn": self._itn(), "hotwords": self._hotwords, "punctuate": self.config.reply_mode != "online"}
 
     def _itn(self) -> bool:
         if not self.config.use_itn:
@@ -319,5 +320,7 @@ def _segment_result(job: Job, transcript: Any, error: UnipadError | None) -> Seg
     if error is not None:
         return SegmentResult(job.segment, "", job.start, job.end, error=str(error))
     words = tuple(Word(w.text, w.start, w.end) for w in transcript.words)
-    return SegmentResult(job.segment, transcript.text, job.start, job.end, words,
-                         transcript.language, transcript.emotion, transcript.event)
+    punctuation = transcript.punctuation  # FunASR's text as its punctuation model writes it, and its sentences
+    return SegmentResult(job.segment, transcript.text if punctuation is None else punctuation.text, job.start, job.end,
+                         words, transcript.language, transcript.emotion, transcript.event,
+                         sentences=None if punctuation is None else punctuation.sentences)

@@ -15,6 +15,8 @@ Server -> client
     {"mode": "2pass-online"|"online", "wav_name", "text": "<new text>", "is_final": false}
     {"mode": "2pass-offline"|"offline", "wav_name", "text", "is_final", "timestamp": "[[ms,ms],…]",
      "stamp_sents": [{"text_seg", "punc", "start", "end", "ts_list"}], "start_time": ms, "end_time": ms}
+     (with a punctuation model, `text` is its text and `stamp_sents` has one entry per punctuation mark, as
+     FunASR's C++ runtime builds them: runtime/onnxruntime/src/util.cpp TimestampSentence)
     {"mode", "wav_name", "text": "", "is_final": true, "is_end": true}       (answer to an end with is_end)
     {"wav_name", "text": "ERROR. …", "is_final": false, "is_end": true, "error": "…", "code": "…"}
 Times are integer milliseconds from the start of the input.
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pipeline.audio import MAX_INPUT_RATE, MIN_INPUT_RATE, SAMPLE_RATE
-from pipeline.transcript import is_cjk, join_texts
+from pipeline.transcript import Sentence, is_cjk, join_texts
 from pipeline.errors import ProtocolError
 from pipeline.stable_prefix import StablePrefix
 
@@ -188,6 +190,8 @@ class SegmentResult:
     emotion: str | None = None
     event: str | None = None
     error: str | None = None  # the model failed on this segment (text is then empty)
+    # Punctuated (--punc): `text` is the punctuation model's, and these its sentences; None: not punctuated
+    sentences: tuple[Sentence, ...] | None = None
 
 
 def ms(seconds: float) -> int:
@@ -210,7 +214,7 @@ def timestamp_string(words: Sequence[Word]) -> str:
 
 
 def stamp_sentence(result: SegmentResult, text: str) -> dict[str, Any]:
-    """FunASR's stamp_sents entry for one segment (one sentence per segment)."""
+    """FunASR's stamp_sents entry for one segment that was not punctuated (one sentence per segment)."""
     punc = text[-1] if text and text[-1] in _PUNCTUATION else ""
     segment_words = [w.text for w in result.words]
     if punc and segment_words and segment_words[-1].endswith(punc):
@@ -219,13 +223,26 @@ def stamp_sentence(result: SegmentResult, text: str) -> dict[str, Any]:
             "end": ms(result.end), "ts_list": [[ms(w.start), ms(w.end)] for w in result.words]}
 
 
+def stamp_sentences(result: SegmentResult, text: str) -> list[dict[str, Any]]:
+    """A segment's stamp_sents entries: with punctuation one per sentence, as FunASR's TimestampSentence writes
+    them (runtime/onnxruntime/src/util.cpp): the words before each mark joined by blanks, the mark as the text
+    writes it, the first word's start, the last word's end, each word's [start, end] (integer ms). One thing
+    differs: FunASR's C++ list of marks (TimestampIsPunctuation) lacks ".", so it runs an English sentence on
+    past its "." and hands the words after it the times of the words before; here "." ends a sentence like
+    "。" does. Without punctuation: stamp_sentence."""
+    if result.sentences is None:
+        return [stamp_sentence(result, text)] if text else []
+    return [{"text_seg": " ".join(w.text for w in s.words), "punc": s.mark, "start": ms(s.start), "end": ms(s.end),
+             "ts_list": [[ms(w.start), ms(w.end)] for w in s.words]} for s in result.sentences]
+
+
 def final_message(config: FunasrConfig, results: Sequence[SegmentResult], is_final: bool) -> dict[str, Any]:
     """A `2pass-offline`/`offline` result for one segment, or for several (a whole input)."""
     texts = [tagged_text(r, config) for r in results]
     message: dict[str, Any] = {
         "mode": config.final_mode, "wav_name": config.wav_name, "text": join_texts(texts), "is_final": is_final,
         "timestamp": timestamp_string([w for r in results for w in r.words]),
-        "stamp_sents": [stamp_sentence(r, t) for r, t in zip(results, texts) if t],
+        "stamp_sents": [entry for r, t in zip(results, texts) for entry in stamp_sentences(r, t)],
     }
     if results:
         message["start_time"], message["end_time"] = ms(results[0].start), ms(results[-1].end)
@@ -284,7 +301,7 @@ class ResultWriter:
         segment's 2pass-offline text replaces it)."""
         tags = _TAG_PREFIX.match(text).group(0)
         words = text[len(tags):]
-        if words and self._any_text and not is_cjk(words[0]):
+        if words and self._any_text and not is_cjk(words[0]) and not words[0].isspace():
             text = f"{tags} {words}"
         if words and (final or self.config.reply_mode == "online"):
             self._any_text = True

@@ -154,7 +154,7 @@ def process_request(app: Server, connection: ServerConnection, request: Request)
     note_client_address(app, connection, request.headers)
     path = urlsplit(request.path).path
     if path == MODEL_PATH:  # before the doors: every other path under /v1/ is a door's (OpenAI's at the least)
-        return json_response(200, model_info(app.model))
+        return json_response(200, model_info(app.model, app.punctuation_name))
     if path == MODEL_CARD_PATH:
         card = model_card(app.model)
         return response(200, card) if card is not None else response(404, f"{app.model_name} has no model card\n")

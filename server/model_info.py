@@ -1,6 +1,7 @@
 """What the server tells people about the model it serves, taken from the model directory alone:
 
-    GET /v1/model        JSON {"name", "languages", "notice", "card"} (the page shows it above the controls)
+    GET /v1/model        JSON {"name", "languages", "notice", "card", "punctuation"} (the page shows it above the
+                         controls)
     GET /v1/model/card   the directory's README.md (its model card) as plain text; 404 when it has none
     the startup log      one line: the name, and the notice or the languages
 
@@ -29,10 +30,11 @@ def has_card(model: ModelDirectory) -> bool:
     return (model.path / CARD_FILE).is_file()
 
 
-def model_info(model: ModelDirectory) -> dict[str, Any]:
-    """The body of GET /v1/model; `card` is the card's path on this server, or None."""
+def model_info(model: ModelDirectory, punctuation: str | None = None) -> dict[str, Any]:
+    """The body of GET /v1/model; `card` is the card's path on this server, or None; `punctuation` the name of the
+    punctuation model that punctuates finals (--punc), or None."""
     return {"name": model.manifest.name, "languages": spoken_languages(model), "notice": model.manifest.notice,
-            "card": MODEL_CARD_PATH if has_card(model) else None}
+            "card": MODEL_CARD_PATH if has_card(model) else None, "punctuation": punctuation}
 
 
 def notice_line(model: ModelDirectory) -> str:

@@ -188,7 +188,7 @@ class OpenAIFile(FileTranscription):
         words: list[TokenTime] = []
         overloaded = functools.partial(ApiError, 503, type="server_error", code="overloaded")
         async with contextlib.aclosing(self.segment_results(blocks, language, overloaded)) as results:
-            async for final, final_words in results:
+            async for final, final_words, _ in results:
                 before = full_text(finals)
                 finals.append(final)
                 words += final_words

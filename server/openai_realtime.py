@@ -318,7 +318,7 @@ class RealtimeConnection(StreamConnection):
 
     def _job_options(self) -> dict[str, Any]:
         return {"deliver": self._on_result, "language": self.config.language,
-                "hotwords": self._context or self.app.server_hotword_graph}
+                "hotwords": self._context or self.app.server_hotword_graph, "punctuate": True}
 
     def _partial_item(self, job: Job, transcript: Any) -> _Partial:
         return _Partial(job.segment, transcript.text)
@@ -334,14 +334,14 @@ class RealtimeConnection(StreamConnection):
                             error={"type": "server_error", "code": error.code, "message": str(error),
                                    "param": None}), arrived=job.arrived)
             return
-        rest = prefix.complete(transcript.text)
+        rest = prefix.complete(transcript.punctuated_text)
         if rest:
             self._put(event(f"{TRANSCRIPTION}.delta", item_id=item, content_index=0, delta=rest))
         # The final's own words, never the committed partials': every client takes the turn's text from
         # `.completed` (pipecat, LiveKit, openai-agents), and a partial hears only the start of a turn
         # ("next next" for "next", "off" for "delete": issue 36's turn edges).
         self._put(event(f"{TRANSCRIPTION}.completed", item_id=item, content_index=0,
-                        transcript=transcript.text.strip(),
+                        transcript=transcript.punctuated_text.strip(),
                         usage={"type": "duration", "seconds": round(job.end - job.start, 3)}), arrived=job.arrived)
 
     def _on_commit_part(self, commit: _CommitItem, job: Job, transcript: Any, error: UnipadError | None) -> None:
@@ -349,7 +349,7 @@ class RealtimeConnection(StreamConnection):
         and with the last one the item's `.completed` (or `.failed`, if any of its segments failed). Each
         segment's final goes to the outbox once (`arrived`), as the backpressure counts them."""
         before = join_texts(commit.texts)
-        commit.texts.append(transcript.text if error is None else "")
+        commit.texts.append(transcript.punctuated_text if error is None else "")
         commit.error = commit.error or error
         delta = join_texts(commit.texts)[len(before):]
         if delta and commit.error is None:

@@ -27,6 +27,7 @@ from pipeline.modeldir import ModelManifest, read_model_directory
 from pipeline.segmenter import SegmenterOptions
 from pipeline.segmenter_options import fit_to_container
 from pipeline.providers import resolve_device
+from pipeline.punctuation import Punctuator, load_punctuator
 from pipeline.vad import silero_session
 
 from .access import AuthFailures, install_redaction, proxy_networks
@@ -37,6 +38,7 @@ from .http import listening_urls, process_request
 from .logs import quiet_requests
 from .metrics import Metrics
 from .model_info import notice_line
+from .punctuation_model import punctuation_precision, read_punctuation_model
 from .receiver import SHUTDOWN, Receiver
 from .streaming import MAX_FINALS_IN_FLIGHT, StreamConnection
 from .upload_sequence import UploadSequences
@@ -107,6 +109,8 @@ class Server:
         self.model_name = self.model.manifest.name
         # The server-wide hotwords (--hotwords FILE), added to every stream's own; ValueError when bad.
         self.hotwords = read_model_hotwords(config.hotwords, self.model) if config.hotwords else ()
+        # The punctuation model (--punc), checked against the speech model; None: finals are not punctuated
+        self.punctuation = read_punctuation_model(config.punc, self.model) if config.punc is not None else None
         self.worker: Worker | None = None
         self.connections: set[StreamConnection] = set()  # admitted streams of both endpoints
         self.port: int | None = None  # the bound port, once listening (config.port may be 0)
@@ -132,6 +136,11 @@ class Server:
     @property
     def provider(self) -> str:
         return self.engine.provider if self.ready else "loading"
+
+    @property
+    def punctuation_name(self) -> str | None:
+        """The punctuation model's name (/readyz, /v1/model), or None when finals are not punctuated."""
+        return self.punctuation.manifest.name if self.punctuation is not None else None
 
     def hotword_graph(self, words: tuple[Hotword, ...], prompt: str = "") -> Any:
         """A stream's ContextGraph (a Qwen3-ASR's Qwen3Context): the server's hotwords and its own, and an
@@ -163,6 +172,7 @@ class Server:
         if not self.ready:
             return 503, {"status": "warming_up", **body}
         body |= {"provider": self.engine.provider, "cuda_graph": getattr(self.engine, "cuda_graph", False),
+                 "punctuation": self.punctuation_name,
                  "containers": list(self.engine.containers),
                  "batch_sizes": list(getattr(self.engine, "batch_sizes", ())),
                  "costs": self.worker.table.source if self.worker.table is not None else None,
@@ -212,7 +222,8 @@ class Server:
         self.worker = Worker(self.engine, loop, self.metrics,
                              max_finals=self.config.max_sessions * MAX_FINALS_IN_FLIGHT,
                              cost_tables=cost_tables(self.config), measure_costs=self.config.measure_costs,
-                             save_costs=self.config.cost_table if self.config.measure_costs else None)
+                             save_costs=self.config.cost_table if self.config.measure_costs else None,
+                             punctuator=self._punctuator())
         self.worker.ready.add_done_callback(self._on_ready)
         server = await serve(
             self._handle,
@@ -235,6 +246,18 @@ class Server:
         # (exiting while one loads a model aborts the process: "terminate called without an active exception").
         self.worker.start()  # loads and warms up on the worker thread while we already answer /healthz
         self.listening.set()
+
+    def _punctuator(self) -> Punctuator | None:
+        """The punctuation model on the CPU, whatever the speech model's device (a 10 s final's punctuation is 8-50
+        ms on two cores: docs/benchmarks.md, "Punctuation"; its graph on a GPU is untried): the device's memory and
+        recovery stay the speech model's. Its sessions are made and warmed on the worker thread, after the
+        engine's."""
+        if self.punctuation is None:
+            return None
+        precision = punctuation_precision(self.punctuation)
+        log.info("punctuation: %s (%s, %s, cpu): finals are punctuated", self.punctuation.manifest.name,
+                 self.punctuation.path, precision)
+        return load_punctuator(self.punctuation, precision, "cpu", threads=self.config.threads)
 
     def _on_ready(self, future: asyncio.Future[None]) -> None:
         if future.cancelled() or self.stopped.is_set():  # a load that ended after shutdown: nothing to say

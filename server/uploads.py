@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 MAX_UPLOAD_BYTES = 25 << 20  # an upload's body at most: OpenAI's own limit (25 MB); larger bodies get 413
 FILE_JOBS_IN_FLIGHT = 2  # an upload's segments queued or in inference at once (the worker stays busy)
 JOB_TIMEOUT = 120.0  # seconds one segment may wait for the worker before the request fails (503)
-Segment = tuple[Final, list[TokenTime]]  # a segment's final and its words
+# A segment's final (its text punctuated where the upload asked and a punctuation model serves), its words, and
+# each word as that punctuated text writes it (None: not punctuated)
+Segment = tuple[Final, list[TokenTime], list[str] | None]
 
 
 class UploadError(Exception):
@@ -81,6 +83,7 @@ class FileTranscription:
         self._slots = asyncio.Semaphore(FILE_JOBS_IN_FLIGHT)
         self._samples = 0  # of the upload decoded so far, at SAMPLE_RATE
         self.hotwords: Any = None  # the ContextGraph (Qwen3Context) its segments decode with; None: the server's
+        self.punctuate = True  # its finals punctuated, where the server has a punctuation model (a door may ask not to)
         # The client (address, credentials, model, language) whose earlier upload this one may continue, and when
         # it arrived (server/upload_sequence.py); None: it continues none (the Deepgram door, --no-join-uploads).
         self.sequence_key: Hashable | None = None
@@ -190,14 +193,15 @@ class FileTranscription:
             def back(t: float) -> float:  # the timeline's seconds -> the upload's
                 return round(t - offset, 6) if offset else t
             future.set_result((Final(  # the model's tokens, as a live stream's final has them
-                segment=job.segment, text=transcript.text, start=back(job.start), end=back(job.end),
+                segment=job.segment, text=transcript.punctuated_text, start=back(job.start), end=back(job.end),
                 language=transcript.language, emotion=transcript.emotion, event=transcript.event,
                 tokens=[TokenTime(t.text, back(t.start), back(t.end)) for t in transcript.tokens]),
-                [TokenTime(w.text, back(w.start), back(w.end)) for w in transcript.words]))
+                [TokenTime(w.text, back(w.start), back(w.end)) for w in transcript.words],
+                None if transcript.punctuation is None else list(transcript.punctuation.words)))
 
         self.app.worker.submit(Job(session=self.id, kind=BATCH, segment=event.segment, start=event.start,
                                    end=event.end, audio_start=event.audio_start, audio=event.audio,
                                    deliver=deliver, language=language,
                                    hotwords=self.hotwords or self.app.server_hotword_graph,
-                                   context=context, said=said))
+                                   context=context, said=said, punctuate=self.punctuate))
         return future

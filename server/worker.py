@@ -17,6 +17,10 @@ planner's patience. The table (server/costs.py) is measured here after the warm-
 or read from `bench model --save` (`--cost-table`), else modelled. With batch size 1 (the CPU
 default) a round is one job, exactly the order above. A batch that fails is retried job by job, so one
 bad segment costs no other stream its final; a job that still fails gets its own InferenceError.
+Punctuation (--punc): a final's or an upload segment's transcript is punctuated here too, right after its
+transcription, when its job asks (`punctuate`: the door has a field for it) and the server has a punctuation
+model; partials never are (docs/benchmarks.md, "Punctuation"). A failure there costs the text its punctuation,
+never the final.
 Results go back with `loop.call_soon_threadsafe(job.deliver, ...)`; the connection owns what follows.
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 from pipeline.audio import samples_to_seconds
 from pipeline.batching import Clip
 from pipeline.planner import CostTable, MeasuredCosts, PlannerOptions, Waiting, next_run, read_cost_tables
+from pipeline.punctuation import Punctuator, punctuate_transcript
 from pipeline.transcript import after_context, before_cut, starting_at
 from pipeline.errors import InferenceError, OverloadError, UnipadError
 from pipeline.trim import Context, Said
@@ -74,6 +79,7 @@ class Job:
     context: Context | None = None  # the previous segment's end, heard first (pipeline/trim.py)
     said: Said | None = None  # a final's words go here, for the final after it
     cut: float | None = None  # a client's commit inside the speech: words that start after it are dropped
+    punctuate: bool = False  # a final or batch job's transcript punctuated, when the server has a punctuation model
     arrived: float = 0.0
     cancelled: bool = False  # set on the loop when the session goes away; the worker then skips it
     submitted: float = field(default_factory=time.monotonic)
@@ -85,8 +91,9 @@ class Worker:
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, metrics: Metrics, max_finals: int,
                  cost_tables: Mapping[str, MeasuredCosts] | None = None,
                  planner: PlannerOptions = PlannerOptions(), measure_costs: bool = False,
-                 save_costs: Path | None = None) -> None:
+                 save_costs: Path | None = None, punctuator: Punctuator | None = None) -> None:
         self.engine = engine
+        self.punctuator = punctuator  # --punc: warmed up after the engine, run after a final's transcription
         self.cost_tables = dict(cost_tables or {})  # precision -> measured table (pipeline/planner.py)
         self.measure_costs = measure_costs  # time the warmed grid before ready (server/costs.py) ...
         self.save_costs = save_costs  # ... and write that table here
@@ -176,6 +183,8 @@ class Worker:
     def _run(self) -> None:
         try:
             self.engine.load()
+            if self.punctuator is not None:
+                self.punctuator.warm_up()
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, which decides to exit
             log.error("model load failed: %s", exc)
             self._call_loop(_set_exception, self.ready, exc)
@@ -293,7 +302,18 @@ class Worker:
             out.append(t if job.cut is None else before_cut(t, job.cut))
             if job.said is not None:
                 job.said.words = out[-1].words
+            if job.punctuate and job.kind != PARTIAL and self.punctuator is not None:
+                out[-1] = self._punctuated(out[-1], job)
         return out
+
+    def _punctuated(self, transcript: Any, job: Job) -> Any:
+        """The transcript with its punctuation; as it was when the punctuation model fails (logged)."""
+        try:
+            return punctuate_transcript(self.punctuator, transcript)
+        except Exception as exc:  # noqa: BLE001 - the final's text must not be lost for its punctuation
+            log.error("punctuation failed (session %s, segment %d): %s: %s", job.session, job.segment,
+                      type(exc).__name__, exc)
+            return transcript
 
     def _one(self, job: Job) -> tuple[Any, UnipadError | None]:
         try:

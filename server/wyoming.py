@@ -328,7 +328,8 @@ class WyomingConnection(StreamConnection):
 
     def _job_options(self) -> dict[str, Any]:
         # As the upload's jobs (server/openai_http.py): the same text for the same audio.
-        return {"deliver": self._on_result, "language": self.language, "hotwords": self.app.server_hotword_graph}
+        return {"deliver": self._on_result, "language": self.language, "hotwords": self.app.server_hotword_graph,
+                "punctuate": True}
 
     def _on_final(self, job: Job, transcript: Any, error: UnipadError | None) -> None:
         if error is not None:
@@ -336,7 +337,7 @@ class WyomingConnection(StreamConnection):
             final = _Final(job.segment, "", None)
         else:
             language = transcript.language if transcript.language not in NOT_LANGUAGES else None
-            final = _Final(job.segment, transcript.text, language)
+            final = _Final(job.segment, transcript.punctuated_text, language)
         self._texts[job.segment] = (final.text, final.language)
         self._put(final, arrived=job.arrived)
 

@@ -139,7 +139,8 @@ def family_of(manifest: ModelManifest) -> Family:
     family = FAMILIES.get(manifest.architecture)
     if manifest.architecture in TEXT_MODELS:
         raise ModelLoadError(f"model {manifest.name!r} is {TEXT_MODELS[manifest.architecture].task}, not a speech "
-                             f"recogniser: this server serves speech models only ({', '.join(FAMILIES)})")
+                             f"recogniser: serve a speech model ({', '.join(FAMILIES)}) as --model and give this one "
+                             f"as --punc")
     if family is None:
         raise ModelLoadError(f"model {manifest.name!r} has architecture {manifest.architecture!r}, which this "
                              f"server cannot serve (it serves {', '.join(FAMILIES)})")

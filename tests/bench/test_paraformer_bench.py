@@ -1,5 +1,6 @@
 """`python -m bench paraformer` times the serving path: the engine as the server builds it, both stages, every
-decoder shape warmed (FunASR's own tiny Paraformer, conftest's `paraformer_model_dir`)."""
+decoder shape warmed (FunASR's own tiny Paraformer, conftest's `paraformer_model_dir`), and with --punc what
+punctuating a final adds (FunASR's tiny ct-punc, `ct_punc_model_dir`)."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,17 @@ def test_the_paraformer_bench_times_the_serving_path(paraformer_model_dir, capsy
     frames = [encoder_frames(seconds_to_samples(c)) for c in (1.0, 4.0)]
     assert part["decoder_shapes"] == sum(len(token_containers(f, DEFAULT_CPU_TOKEN_CONTAINERS)) for f in frames)
     assert part["unwarmed_calls"] == 0 and set(part["ours"]) == {"0.5", "3"} and part["tokens"]["3"] > 0
+
+
+def test_the_paraformer_bench_times_what_punctuation_adds(paraformer_model_dir, ct_punc_model_dir, capsys) -> None:
+    """--punc: a final, and the punctuation of its transcript and of a text of 5 words a second."""
+    argv = ["paraformer", str(paraformer_model_dir), "--precision", "int8", "--lengths", "2", "--repeats", "1",
+            "--punc", str(ct_punc_model_dir)]
+    assert main(argv) == 0
+    punctuation = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["precisions"]["int8"]["punctuation"]
+    assert punctuation["model"] == "ct-punc" and punctuation["precision"] == "fp32"
+    assert punctuation["text_words"]["2"] == 10 and punctuation["words"]["2"] > 0
+    assert punctuation["final"]["2"]["median"] > 0 and punctuation["punc_share"]["2"] > 0
 
 
 def test_the_int8_ab_bench_times_two_exports_alike(paraformer_model_dir, capsys) -> None:

@@ -47,11 +47,15 @@ def test_funasr_state_dict_loads_strictly_and_matches_in_pytorch() -> None:
     assert worst <= scaled_err_bound("fp32", model_blocks(model.dims.to_dict()))
 
 
-def test_exported_graph_gives_funasr_classes_and_logits_on_every_call(ct_punc_model_dir: Path) -> None:
-    """Every call of every text (172 calls of 1-500 words), padded into its word container."""
+@pytest.mark.parametrize("open_shapes", [False, True])
+def test_exported_graph_gives_funasr_classes_and_logits_on_every_call(ct_punc_model_dir: Path,
+                                                                     open_shapes: bool) -> None:
+    """Every call of every text (172 calls of 1-500 words), padded into its word container, or at its own length
+    (the server's CPU runs: load_punctuator)."""
     directory = read_model_directory(ct_punc_model_dir)
     bound = scaled_err_bound("fp32", model_blocks(directory.manifest.dimensions))
-    graph = PunctuationGraph(directory.onnx_path("fp32"))
+    graph = PunctuationGraph(directory.onnx_path("fp32"), open_shapes=open_shapes)
+    assert load_punctuator(directory).logits.open_shapes
     worst, calls = 0.0, 0
     for name in TEXTS:
         for ids, expected in zip(REFERENCE[name]["calls"], call_logits(name)):
@@ -114,3 +118,14 @@ def test_a_directory_that_is_not_ct_punc_is_refused(tmp_path: Path, capsys: pyte
     assert main(["ct-punc", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and message in error[0] and not (tmp_path / "out").exists()
+
+
+def test_the_full_sizes_synthetic_vocabulary_can_be_written() -> None:
+    """--random-init full: 272,727 words, past the surrogates (which UTF-8 cannot write) without them."""
+    from export.ct_punc import synthetic_tokens
+    from models.ct_punc import CTPuncDimensions
+
+    tokens = synthetic_tokens(CTPuncDimensions.preset("full").vocab_size)
+    assert len(tokens) == len(set(tokens)) == 272727 and tokens[-1] == "<unk>"
+    "\n".join(tokens).encode("utf-8")
+    assert synthetic_tokens(96)[3:5] == ["一", "丁"]  # the tiny size's as before

@@ -59,3 +59,20 @@ def test_long_final_is_split_at_word_times() -> None:
 def test_long_final_whose_tokens_do_not_spell_it_stays_one_cue() -> None:
     tokens = [TokenTime("\u2581twenty", 0.0, 5.0), TokenTime("\u2581three", 5.0, 9.0)]
     assert len(cues_for_final(final(0, "23.", 0.0, 9.0, tokens))) == 1
+
+
+def test_a_long_punctuated_final_is_split_with_its_marks() -> None:
+    """A punctuation model's text (--punc): its words are the tokens', case and marks aside; each mark stays with
+    the word before it, and the cues together are the text. A Chinese final splits too: each CJK character is a
+    word (before, tokens without a word mark were glued into one)."""
+    words = [f"word{i}" for i in range(30)]
+    tokens = [TokenTime(" " + w, i * 0.5, i * 0.5 + 0.4) for i, w in enumerate(words)]
+    text = " ".join(w.capitalize() + ("," if i % 4 == 3 else "") for i, w in enumerate(words)) + "."
+    cues = cues_for_final(final(0, text, 0.0, 15.0, tokens))
+    assert len(cues) > 1 and " ".join(c.text for c in cues) == text
+    assert all(c.text[-1] in ",." or c.text[-1].isdigit() for c in cues) and cues[-1].text.endswith("Word29.")
+    chinese = final(0, "能和，能这？" * 12, 0.0, 24.0, [TokenTime(c, i * 0.33, i * 0.33 + 0.3)
+                                                    for i, c in enumerate("能和能这" * 12)])
+    cues = cues_for_final(chinese)
+    assert len(cues) > 1 and "".join(c.text for c in cues) == chinese.text
+    assert not any(c.text[0] in "，？" for c in cues)  # a mark stays with the word before it

@@ -1,10 +1,12 @@
-"""Client-side helpers for the server tests: raw HTTP GETs and whole-stream WebSocket sessions."""
+"""Client-side helpers for the server tests: raw HTTP GETs, whole-stream WebSocket sessions, one input through
+FunASR's protocol, and what a running server's engine hears."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -125,3 +127,39 @@ async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> No
             return
         await asyncio.sleep(0.02)
     assert condition()
+
+
+async def funasr_input(port: int, audio: np.ndarray, mode: str, pace: float = 0.0) -> list[dict]:
+    """One input through FunASR's runtime protocol on `port` (plain websockets, as FunASR's clients speak it), 0.2 s
+    of audio a message and `pace` seconds between them: every message up to the one with is_final: true."""
+    async with websockets.connect(f"ws://127.0.0.1:{port}/", subprotocols=["binary"]) as ws:
+        await ws.send(json.dumps({"mode": mode, "wav_name": "speech", "wav_format": "pcm", "audio_fs": SAMPLE_RATE,
+                                  "is_speaking": True, "chunk_size": [5, 10, 5], "chunk_interval": 10, "itn": True}))
+        data = pcm16(audio)
+        for i in range(0, len(data), SAMPLE_RATE // 5):
+            await ws.send(data[i:i + SAMPLE_RATE // 5])
+            await asyncio.sleep(pace)
+        await ws.send(json.dumps({"is_speaking": False}))
+        messages: list[dict] = []
+        while not messages or not messages[-1]["is_final"]:
+            messages.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+    return messages
+
+
+@contextlib.contextmanager
+def watch_clips(server: Any) -> Iterator[list[tuple[np.ndarray, float]]]:
+    """What a running server's engine transcribes while the block runs: (a copy of each clip's float32 audio, the
+    stream second of its first sample), in order."""
+    engine = server.worker.engine
+    heard: list[tuple[np.ndarray, float]] = []
+    transcribe_many = engine.transcribe_many
+
+    def watched(clips: Sequence[Any], offsets: Sequence[float], *args: Any, **kwargs: Any) -> Any:
+        heard.extend((np.array(clip.audio, dtype=np.float32), float(offset)) for clip, offset in zip(clips, offsets))
+        return transcribe_many(clips, offsets, *args, **kwargs)
+
+    engine.transcribe_many = watched
+    try:
+        yield heard
+    finally:
+        del engine.transcribe_many

@@ -367,6 +367,8 @@ def test_results_in_funasr_shapes():
     assert message["stamp_sents"] == [{"text_seg": "Hello world", "punc": ".", "start": 600, "end": 1500,
                                        "ts_list": [[600, 900], [960, 1500]]}]
     assert join_texts(["你好。", "再见。", "Hi.", "", "There."]) == "你好。再见。Hi. There."
+    # FunASR's punctuated text opens with a blank before a Latin word: no second one
+    assert join_texts(["你好。", " Now, now.", "Ok.", " Hi."]) == "你好。 Now, now. Ok. Hi."
 
 
 def test_online_texts_are_deltas():

@@ -24,7 +24,7 @@ def plain_model_dir(tmp_path):
 def test_a_model_without_notice_is_described_by_name_and_languages(tmp_path):
     model = plain_model_dir(tmp_path)
     assert model_info(model) == {"name": "sensevoice-small", "languages": ["zh", "en", "yue", "ja", "ko"],
-                                 "notice": "", "card": None}
+                                 "notice": "", "card": None, "punctuation": None}
     assert notice_line(model) == "model sensevoice-small, languages zh, en, yue, ja, ko"
 
 
