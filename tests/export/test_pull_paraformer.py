@@ -44,13 +44,15 @@ def hub(home: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speech, serve_test_server) -> None:
-    code, out, err = run_pull(capsys, NAME)
+    # fp32 alone: the pull is what is tested here (Paraformer's int8 export: tests/export/test_paraformer_export.py),
+    # and the second precision's export and verify would double the test's time
+    code, out, err = run_pull(capsys, NAME, "--precision", "fp32")
     assert code == 0, err[-3000:]  # 0 only once `verify` passed on the export (export/pull.py)
     assert out.strip().splitlines()[-1] == f"serve it: python -m server --model {NAME}"
     model_dir = home / "models" / NAME
     assert sorted(p.name for p in (home / "models").iterdir()) == [NAME] and not (home / "downloads").exists()
     manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["architecture"] == "paraformer" and set(manifest["files"]) == {"fp32", "int8"}
+    assert manifest["architecture"] == "paraformer" and set(manifest["files"]) == {"fp32"}
     source = manifest["source"]
     assert (source["repo"], source["revision"], source["commit"]) == (SOURCE.repo, SOURCE.revision, COMMIT)
     assert source["sha256"] == {name: f.sha256 for name, f in released_files().items()}
@@ -62,7 +64,7 @@ async def test_pull_then_serve_by_name(hub: HubMirror, home: Path, capsys, speec
     capsys.readouterr()
     assert unipad_main(["models"]) == 0
     listing = capsys.readouterr().out
-    assert f"  {NAME} " in listing and "fp32,int8" in listing and f"hf:{SOURCE.repo}@" in listing
+    assert f"  {NAME} " in listing and "fp32" in listing and f"hf:{SOURCE.repo}@" in listing
 
 
 def test_file_not_matching_its_pin_is_refused(hub: HubMirror, home: Path, capsys) -> None:
