@@ -37,6 +37,12 @@ def grid_batch_sizes(engine: Any, device: str, precision: str) -> tuple[int, ...
     return sizes if most is None else tuple(b for b in sizes if b <= most) or (most,)
 
 
+def grid_line(precision: str, path: Path, policy: Any, batch_sizes: tuple[int, ...], *notes: str) -> str:
+    """What the engine logs of a grid family's build."""
+    return (f"{precision} graph {path.name}, containers {','.join(f'{c:g}' for c in policy.containers)} s, "
+            f"batch sizes {','.join(map(str, batch_sizes))}, {', '.join(notes)}")
+
+
 class SessionGrid:
     """The sessions of one graph over the (batch, container) pairs of `engine.policy` x `batch_sizes`."""
 

@@ -11,11 +11,10 @@ from ...batching import Clip
 from ...engine_options import one_session_per_graph, shape_plan
 from ...errors import ProtocolError
 from .. import takes_no_hotwords
-from ...grid import SessionGrid, grid_batch_sizes
+from ...grid import SessionGrid, grid_batch_sizes, grid_line
 from ...modeldir import PARAFORMER_DECODER_OUTPUT_NAMES
 from ...sessions import open_runner
 from ...transcript import Transcript
-from ..sensevoice.runtime import grid_line
 from .decoding import ParaformerOutput, decode_paraformer
 from .stages import DecoderGrid, decoder_feed
 

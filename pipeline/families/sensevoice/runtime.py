@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from ...batching import Clip, ClipOutput, output_names, unpack
 from ...engine_options import one_session_per_graph, shape_plan
-from ...grid import SessionGrid, grid_batch_sizes
+from ...grid import SessionGrid, grid_batch_sizes, grid_line
 from ...hotwords import Hotword, read_hotwords_file
 from ...modeldir import DECODING_OUTPUT_NAMES, ModelDirectory
 from ...transcript import Transcript
@@ -89,9 +89,3 @@ class Runtime:
 def read_hotwords(path: str | Path, directory: ModelDirectory) -> tuple[Hotword, ...]:
     """The server-wide hotwords file, each phrase spelled with the model's tokens (ValueError naming the line)."""
     return read_hotwords_file(path, Speller(directory.tokens).spellings)
-
-
-def grid_line(precision: str, path: Path, policy: Any, batch_sizes: tuple[int, ...], *notes: str) -> str:
-    """What the engine logs of a grid family's build."""
-    return (f"{precision} graph {path.name}, containers {','.join(f'{c:g}' for c in policy.containers)} s, "
-            f"batch sizes {','.join(map(str, batch_sizes))}, {', '.join(notes)}")
